@@ -1,0 +1,26 @@
+"""Shared test setup: no cloud traffic, offline hubs, and the path to ../shared/data."""
+import os
+
+# google-auth reads these at import time: never probe the cloud metadata address.
+os.environ["NO_GCE_CHECK"] = "true"
+os.environ["GCE_METADATA_HOST"] = "127.0.0.1:9"
+os.environ["GCE_METADATA_IP"] = "127.0.0.1:9"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """The real corpora in ../shared/data; skips when they are not there."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real text not found at {SHARED_DATA} (see DEVELOPERS.md)")
+    return SHARED_DATA
