@@ -1,0 +1,184 @@
+"""Model shapes: a typed dataclass mapped onto transformers' GPT-NeoX, and the named presets.
+
+Every model in piconeox is a `GPTNeoXForCausalLM` built from a `GPTNeoXConfig` made here; nothing is
+downloaded from a hub.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from utils.errors import PiconeoxError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a GPT-NeoX model.
+
+    `vocab_size=None` means "size it from the dataset's tokenizer" (rounded up to `vocab_multiple`).
+    `rotary_pct` is the fraction of each head's dims that RoPE rotates (GPT-NeoX's partial rotary);
+    `head_dim * rotary_pct` must be an even integer >= 2, or position would not be encoded at all.
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    vocab_size: int | None = None
+    rotary_pct: float = 0.25
+    rotary_base: float = 10000.0
+    use_parallel_residual: bool = True
+    tie_word_embeddings: bool = False
+    layer_norm_eps: float = 1e-5
+    dropout: float = 0.0
+    vocab_multiple: int = 64
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def rotary_dims(self) -> int:
+        """What transformers computes: int(head_dim * partial_rotary_factor)."""
+        return int(self.head_dim * self.rotary_pct)
+
+    def validate(self) -> "ModelConfig":
+        """Raise PiconeoxError (one line) for an impossible shape; return self."""
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise PiconeoxError(f"model.{name}={value!r}: must be a positive integer")
+        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 2):
+            raise PiconeoxError(f"model.vocab_size={self.vocab_size!r}: must be an integer >= 2 (or null to size it from the tokenizer)")
+        if self.hidden_size % self.num_heads:
+            raise PiconeoxError(
+                f"model.num_heads={self.num_heads} does not divide model.hidden_size={self.hidden_size}; "
+                f"allowed head counts: {[h for h in range(1, self.hidden_size + 1) if self.hidden_size % h == 0]}"
+            )
+        if not 0.0 < self.rotary_pct <= 1.0:
+            raise PiconeoxError(f"model.rotary_pct={self.rotary_pct}: must be in (0, 1]; GPT-NeoX has no other position encoding")
+        if self.rotary_dims < 2 or self.rotary_dims % 2:
+            raise PiconeoxError(
+                f"model.rotary_pct={self.rotary_pct} with head_dim {self.head_dim} gives {self.rotary_dims} rotary dims; "
+                "RoPE needs an even number >= 2 (use fewer heads or a larger rotary_pct)"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise PiconeoxError(f"model.dropout={self.dropout}: must be in [0, 1)")
+        return self
+
+    def with_vocab(self, tokenizer_vocab: int) -> "ModelConfig":
+        """Resolve `vocab_size` against the dataset's tokenizer; refuse a vocab that is too small."""
+        if self.vocab_size is None:
+            m = self.vocab_multiple
+            return replace(self, vocab_size=(tokenizer_vocab + m - 1) // m * m)
+        if self.vocab_size < tokenizer_vocab:
+            raise PiconeoxError(
+                f"model.vocab_size={self.vocab_size} is smaller than the dataset tokenizer's {tokenizer_vocab} tokens; "
+                f"use a vocab_size >= {tokenizer_vocab} or a smaller tokenizer"
+            )
+        return self
+
+    def to_hf(self):
+        """A fresh `GPTNeoXConfig` (transformers mutates the one a model is built from)."""
+        from transformers import GPTNeoXConfig
+
+        if self.vocab_size is None:
+            raise PiconeoxError("model.vocab_size is unresolved; call with_vocab(tokenizer_vocab) first")
+        return GPTNeoXConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            intermediate_size=self.intermediate_size,
+            max_position_embeddings=self.max_position_embeddings,
+            rotary_pct=self.rotary_pct,
+            rotary_emb_base=self.rotary_base,
+            use_parallel_residual=self.use_parallel_residual,
+            tie_word_embeddings=self.tie_word_embeddings,
+            layer_norm_eps=self.layer_norm_eps,
+            hidden_dropout=self.dropout,
+            attention_dropout=self.dropout,
+            hidden_act="gelu",
+            use_cache=False,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise PiconeoxError(f"unknown model setting(s) {unknown}; allowed: {sorted(known)}")
+        return cls(**d)
+
+
+def build_model(cfg: ModelConfig, attn_implementation: str = "sdpa"):
+    """A randomly initialised GPTNeoXForCausalLM of this shape (never a hub download)."""
+    from transformers import GPTNeoXForCausalLM
+
+    return GPTNeoXForCausalLM._from_config(cfg.validate().to_hf(), attn_implementation=attn_implementation)
+
+
+def count_parameters(model) -> int:
+    """Unique parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+# RP2040 presets. The original seed used 8/8 and 12/12 heads (head_dim 1), where GPT-NeoX RoPE cannot
+# encode position at all (STACK_NOTES.md). Heads do not change the parameter count, so these keep vocab,
+# hidden, layers and intermediate and use head_dim 2 with rotary_pct 1.0 (2 rotary dims per head).
+# Embeddings are tied: the embedding matrix is the largest tensor and a Pico has ~200 KB of heap.
+RP2040_SPEED = ModelConfig(
+    vocab_size=256, hidden_size=8, num_layers=2, num_heads=4, intermediate_size=192,
+    max_position_embeddings=128, rotary_pct=1.0, tie_word_embeddings=True,
+)
+"""~9.2K params. 4 heads of dim 2 (rotary 1.0 -> 2 rotary dims); tied embeddings save 2K params of RAM."""
+
+RP2040_OPTIMIZED = ModelConfig(
+    vocab_size=512, hidden_size=8, num_layers=3, num_heads=4, intermediate_size=256,
+    max_position_embeddings=128, rotary_pct=1.0, tie_word_embeddings=True,
+)
+"""~18K params. The seed's 8 heads gave head_dim 1 (no position at all); 4 heads give head_dim 2."""
+
+RP2040_QUALITY = ModelConfig(
+    vocab_size=1024, hidden_size=12, num_layers=4, num_heads=6, intermediate_size=384,
+    max_position_embeddings=64, rotary_pct=1.0, tie_word_embeddings=True,
+)
+"""~53K params. The seed's 12 heads gave head_dim 1; 6 heads give head_dim 2. Context 64 keeps the
+float KV cache (layers x ctx x hidden x 2 x 4 B = 24 KB) inside the Pico's heap next to the weights."""
+
+TEST = ModelConfig(
+    hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512, max_position_embeddings=256,
+)
+"""~0.8-1M params with a byte-level vocab: fast enough for CPU tests, big enough to learn the demo corpus."""
+
+SMALL = ModelConfig(
+    hidden_size=320, num_layers=6, num_heads=5, intermediate_size=1280, max_position_embeddings=512,
+)
+"""~10M params (with an 8K BPE vocab): the CPU benchmark shape."""
+
+PRODUCTION = ModelConfig(
+    vocab_size=50304, hidden_size=2048, num_layers=24, num_heads=16, intermediate_size=8192,
+    max_position_embeddings=2048, rotary_pct=0.25, use_parallel_residual=True,
+)
+"""GPT-NeoX 1.2B (the Pythia-1.4B shape: 1,414,647,808 params untied, 1.209B without embeddings)."""
+
+SHAKESPEARE_CHAR = ModelConfig(
+    hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512, max_position_embeddings=64,
+    vocab_multiple=1,
+)
+"""nanoGPT's CPU recipe (n_layer 4, n_head 4, n_embd 128, block 64), vocab = the 65 distinct characters."""
+
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    "rp2040-speed": RP2040_SPEED,
+    "rp2040-optimized": RP2040_OPTIMIZED,
+    "rp2040-quality": RP2040_QUALITY,
+    "test": TEST,
+    "small": SMALL,
+    "production": PRODUCTION,
+    "shakespeare-char": SHAKESPEARE_CHAR,
+}

@@ -1,0 +1,128 @@
+"""Named presets (model shape + training recipe) and how flags and YAML files override them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from configs.model import MODEL_PRESETS, ModelConfig
+from configs.training import TrainConfig
+from utils.errors import PiconeoxError
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs to rebuild itself: the preset name, the model shape and the training recipe."""
+
+    preset: str
+    model: ModelConfig
+    train: TrainConfig
+
+    def validate(self) -> "RunConfig":
+        self.model.validate()
+        self.train.validate()
+        if self.train.seq_len > self.model.max_position_embeddings:
+            raise PiconeoxError(
+                f"train.seq_len={self.train.seq_len} is longer than model.max_position_embeddings="
+                f"{self.model.max_position_embeddings}; use seq_len <= {self.model.max_position_embeddings}"
+            )
+        return self
+
+    def to_dict(self) -> dict:
+        return {"preset": self.preset, "model": self.model.to_dict(), "train": self.train.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        return cls(d["preset"], ModelConfig.from_dict(d["model"]), TrainConfig.from_dict(d["train"]))
+
+
+_T = TrainConfig
+TRAIN_PRESETS: dict[str, TrainConfig] = {
+    # Tiny Pico models: the demo corpus with a tokenizer whose vocab fits the preset's.
+    "rp2040-speed": _T(tokenizer="char", seq_len=128, micro_batch_size=32, max_steps=1500, learning_rate=1e-2,
+                       warmup_steps=100, eval_every=250, save_every=500, weight_decay=0.0),
+    "rp2040-optimized": _T(tokenizer="bpe", tokenizer_vocab=512, seq_len=128, micro_batch_size=32, max_steps=1500,
+                           learning_rate=1e-2, warmup_steps=100, eval_every=250, save_every=500, weight_decay=0.0),
+    "rp2040-quality": _T(tokenizer="bpe", tokenizer_vocab=1024, seq_len=64, micro_batch_size=64, max_steps=1500,
+                         learning_rate=5e-3, warmup_steps=100, eval_every=250, save_every=500, weight_decay=0.0),
+    "test": _T(tokenizer="byte", seq_len=128, micro_batch_size=8, max_steps=200, learning_rate=2e-3,
+               warmup_steps=20, eval_every=50, eval_batches=10, save_every=100),
+    "small": _T(tokenizer="bpe", tokenizer_vocab=8192, seq_len=256, micro_batch_size=8, max_steps=5000,
+                learning_rate=6e-4, warmup_steps=200, eval_every=250, save_every=500),
+    # GPT-NeoX 1.2B on GPUs: bring a prepared dataset (--data); 0.5M tokens per optimizer step on 8 GPUs.
+    "production": _T(data="", tokenizer="bpe", tokenizer_vocab=50257, seq_len=2048, micro_batch_size=4,
+                     grad_accum_steps=8, max_steps=100_000, learning_rate=2e-4, warmup_steps=2000,
+                     eval_every=1000, eval_batches=50, save_every=1000, keep_last=3, mixed_precision="bf16"),
+    # nanoGPT's train_shakespeare_char CPU recipe (batch 12, block 64, 2000 iters, lr 1e-3, beta2 0.99).
+    "shakespeare-char": _T(tokenizer="char", seq_len=64, micro_batch_size=12, max_steps=2000, learning_rate=1e-3,
+                           warmup_steps=100, beta2=0.99, eval_every=250, eval_batches=200, save_every=1000),
+}
+
+PRESET_NAMES = tuple(MODEL_PRESETS)
+
+
+def _coerce(value, annotation: str, key: str):
+    """Turn a flag or YAML value into the field's type, or raise one clear line."""
+    if not isinstance(value, str):
+        raw = value
+    else:
+        raw = value.strip()
+    optional = "None" in annotation
+    if optional and (raw is None or raw in ("", "null", "none", "None")):
+        return None
+    base = annotation.replace("| None", "").strip()
+    try:
+        if base == "bool":
+            if isinstance(raw, bool):
+                return raw
+            if str(raw).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(raw).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if base == "int":
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            return int(raw)
+        if base == "float":
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise PiconeoxError(f"{key}={value!r}: expected {base}") from None
+
+
+def _apply(obj, section: str, updates: dict):
+    types = {f.name: f.type for f in fields(obj)}
+    unknown = sorted(set(updates) - set(types))
+    if unknown:
+        raise PiconeoxError(f"unknown {section} setting {unknown[0]!r}; allowed: {', '.join(sorted(types))}")
+    return replace(obj, **{k: _coerce(v, types[k], f"{section}.{k}") for k, v in updates.items()})
+
+
+def resolve_config(preset: str, yaml_file: str | None = None, overrides: dict[str, object] | None = None) -> RunConfig:
+    """Preset, then the YAML file (`model:` / `train:` sections), then `section.key` overrides; validated."""
+    if preset not in MODEL_PRESETS:
+        raise PiconeoxError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESET_NAMES)}")
+    model, train = MODEL_PRESETS[preset], TRAIN_PRESETS[preset]
+    if yaml_file:
+        import yaml
+
+        path = Path(yaml_file)
+        if not path.is_file():
+            raise PiconeoxError(f"config file {yaml_file} does not exist")
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise PiconeoxError(f"config file {yaml_file} is not valid YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(doc, dict) or set(doc) - {"model", "train"}:
+            raise PiconeoxError(f"config file {yaml_file}: expected top-level sections 'model' and/or 'train'")
+        model = _apply(model, "model", doc.get("model") or {})
+        train = _apply(train, "train", doc.get("train") or {})
+    by_section: dict[str, dict] = {"model": {}, "train": {}}
+    for key, value in (overrides or {}).items():
+        section, _, name = key.partition(".")
+        if section not in by_section or not name:
+            raise PiconeoxError(f"override {key!r}: expected model.<name>=<value> or train.<name>=<value>")
+        by_section[section][name] = value
+    model = _apply(model, "model", by_section["model"])
+    train = _apply(train, "train", by_section["train"])
+    return RunConfig(preset, model, train).validate()

@@ -1,0 +1,95 @@
+"""Training settings: a typed, validated dataclass. Presets live in configs/presets.py."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from utils.errors import PiconeoxError
+
+MIXED_PRECISION = ("no", "fp16", "bf16")
+COMPILE_MODES = ("auto", "on", "off")
+TOKENIZERS = ("char", "byte", "bpe")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train: data, batch, optimizer, schedule, evaluation, checkpoints and limits.
+
+    Batch sizes are per process; the global batch in tokens is
+    `micro_batch_size * grad_accum_steps * world_size * seq_len`.
+    """
+
+    data: str = "demo"
+    """A prepared dataset directory, a `gs://bucket/prefix` of one, or `demo` (built in, prepared on first use)."""
+    tokenizer: str = "byte"
+    """Tokenizer used when this run prepares its data itself (`demo`): char, byte or bpe."""
+    tokenizer_vocab: int | None = None
+    """BPE vocabulary size when this run prepares its data itself."""
+    dataset_percent: float = 100.0
+    """Keep a deterministic share of the documents (1..100) when preparing data."""
+    seq_len: int = 256
+    micro_batch_size: int = 8
+    grad_accum_steps: int = 1
+    max_steps: int = 1000
+    learning_rate: float = 1e-3
+    min_lr_ratio: float = 0.1
+    """The cosine schedule ends at learning_rate * min_lr_ratio."""
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_batches: int = 20
+    patience: int = 0
+    """Stop after this many evaluations without a better val loss; 0 disables early stopping."""
+    save_every: int = 200
+    keep_last: int = 3
+    max_training_hours: float = 0.0
+    """Save and exit cleanly after this many hours; 0 means no limit."""
+    mixed_precision: str = "no"
+    compile: str = "auto"
+    """torch.compile after accelerator.prepare(): auto = on with CUDA only."""
+    activation_checkpointing: bool = False
+    seed: int = 1337
+    log_every: int = 10
+
+    def validate(self) -> "TrainConfig":
+        """Raise PiconeoxError (one line) for a bad value; return self."""
+        positive = ("seq_len", "micro_batch_size", "grad_accum_steps", "max_steps", "eval_every", "eval_batches",
+                    "save_every", "keep_last", "log_every")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise PiconeoxError(f"train.{name}={value!r}: must be a positive integer")
+        for name in ("warmup_steps", "patience", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise PiconeoxError(f"train.{name}={value!r}: must be an integer >= 0")
+        if not self.learning_rate > 0:
+            raise PiconeoxError(f"train.learning_rate={self.learning_rate}: must be > 0")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise PiconeoxError(f"train.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
+        if not 0.0 < self.dataset_percent <= 100.0:
+            raise PiconeoxError(f"train.dataset_percent={self.dataset_percent}: must be in (0, 100]")
+        if self.max_training_hours < 0:
+            raise PiconeoxError(f"train.max_training_hours={self.max_training_hours}: must be >= 0 (0 = no limit)")
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise PiconeoxError(f"train.mixed_precision={self.mixed_precision!r}: allowed {', '.join(MIXED_PRECISION)}")
+        if self.compile not in COMPILE_MODES:
+            raise PiconeoxError(f"train.compile={self.compile!r}: allowed {', '.join(COMPILE_MODES)}")
+        if self.tokenizer not in TOKENIZERS:
+            raise PiconeoxError(f"train.tokenizer={self.tokenizer!r}: allowed {', '.join(TOKENIZERS)}")
+        if self.grad_clip <= 0:
+            raise PiconeoxError(f"train.grad_clip={self.grad_clip}: must be > 0")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise PiconeoxError(f"unknown train setting(s) {unknown}; allowed: {sorted(known)}")
+        return cls(**d)

@@ -1,0 +1,336 @@
+"""piconeox trainer: one GPT-NeoX training loop from a 10K-parameter Pico model to the 1.2B preset.
+
+    accelerate launch train.py --config rp2040-speed          (or ./start_training.sh --config ... --gpus N)
+
+Read top to bottom: parse flags -> resolve config -> data -> model/optimizer -> prepare -> resume -> loop
+(micro-steps, optimizer step, log, eval, save) -> final save -> sample text.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from utils.errors import PiconeoxError
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="test", help="preset name (rp2040-speed, rp2040-optimized, rp2040-quality, test, small, production, shakespeare-char)")
+    p.add_argument("--config-file", help="YAML file with `model:` and/or `train:` sections overriding the preset")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override any setting, e.g. --set model.num_layers=6 (repeatable)")
+    p.add_argument("--data", help="prepared dataset dir, gs://bucket/prefix of one, or `demo`")
+    p.add_argument("--run-name", help="run name (default: <preset>-<dataset>)")
+    p.add_argument("--output-dir", default="checkpoints", help="root of checkpoints/<run>/ (default: checkpoints)")
+    p.add_argument("--log-dir", default="logs", help="root of logs/<run>/ (default: logs)")
+    p.add_argument("--resume", help="`auto` (latest complete checkpoint of this run, if any) or a checkpoint/run path")
+    p.add_argument("--print-plan", action="store_true", help="print parameters, batch, tokens and memory per GPU, then exit")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan (default 1)")
+    p.add_argument("--no-background-upload", action="store_true", help="upload checkpoints synchronously")
+    p.add_argument("--sample-prompt", default="Once upon a time", help="prompt for the text sample printed at the end")
+    # Shortcuts for the most used train.* settings (same as --set train.KEY=VALUE).
+    for flag, key in SHORTCUTS.items():
+        p.add_argument(flag, dest=key, default=None, help=f"= --set train.{key}=VALUE")
+    return p.parse_args(argv)
+
+
+SHORTCUTS = {
+    "--max-steps": "max_steps", "--max-training-hours": "max_training_hours", "--batch-size": "micro_batch_size",
+    "--grad-accum": "grad_accum_steps", "--lr": "learning_rate", "--seq-len": "seq_len",
+    "--eval-every": "eval_every", "--save-every": "save_every", "--keep-last": "keep_last",
+    "--patience": "patience", "--dataset-percent": "dataset_percent", "--mixed-precision": "mixed_precision",
+    "--compile": "compile", "--seed": "seed", "--log-every": "log_every", "--warmup-steps": "warmup_steps",
+}
+
+
+def overrides_from_args(args) -> dict[str, str]:
+    out = {}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise PiconeoxError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=100")
+        out[key.strip()] = value
+    for key in SHORTCUTS.values():
+        if getattr(args, key) is not None:
+            out[f"train.{key}"] = getattr(args, key)
+    if args.data is not None:
+        out["train.data"] = args.data
+    return out
+
+
+@dataclass
+class TrainerState:
+    """The loop's own progress; saved in every checkpoint as trainer.json."""
+
+    step: int = 0
+    tokens_seen: int = 0
+    best_val_loss: float = math.inf
+    evals_without_improvement: int = 0
+    train_seconds: float = 0.0
+
+    def state_dict(self) -> dict:
+        d = asdict(self)
+        d["best_val_loss"] = None if math.isinf(self.best_val_loss) else self.best_val_loss
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        for k, v in d.items():
+            setattr(self, k, math.inf if (k == "best_val_loss" and v is None) else v)
+
+
+def prepare_data_dir(train_cfg, accelerator) -> Path:
+    """The local dataset directory: `demo` is prepared on first use, gs:// is synced; main process first."""
+    data = train_cfg.data
+    if not data:
+        raise PiconeoxError("no dataset: this preset needs --data DIR (prepare one with prepare_data.py) or --data gs://...")
+    if data == "demo":
+        vocab = f"{train_cfg.tokenizer_vocab}" if train_cfg.tokenizer_vocab else ""
+        pct = "" if train_cfg.dataset_percent == 100 else f"-p{train_cfg.dataset_percent:g}"
+        out = Path("data") / f"demo-{train_cfg.tokenizer}{vocab}{pct}"
+        with accelerator.local_main_process_first():  # one process per machine prepares, the others reuse it
+            if not (out / "manifest.json").exists():
+                from prepare_data import prepare
+
+                prepare(["demo"], name=out.name, out_dir=out.parent, tokenizer=train_cfg.tokenizer,
+                        vocab_size=train_cfg.tokenizer_vocab, dataset_percent=train_cfg.dataset_percent)
+        return out
+    if data.startswith("gs://"):
+        from utils.sync import ensure_local
+
+        with accelerator.local_main_process_first():  # the first one downloads, the others find it verified
+            return ensure_local(data, Path("data") / "gcs-cache")
+    out = Path(data)
+    if not out.is_dir():
+        raise PiconeoxError(f"--data {data}: no such directory (prepare one with prepare_data.py, or use `demo`)")
+    if train_cfg.dataset_percent != 100:
+        raise PiconeoxError(
+            f"--dataset-percent {train_cfg.dataset_percent:g} applies when the trainer prepares `demo`; "
+            f"for {data} run prepare_data.py --dataset-percent instead"
+        )
+    return out
+
+
+def evaluate(model, val_loader, num_batches: int, accelerator) -> float:
+    """Mean cross-entropy over the first `num_batches` validation batches, averaged over ranks."""
+    import torch
+
+    model.eval()
+    total = torch.zeros((), device=accelerator.device)
+    count = 0
+    with torch.no_grad():
+        for x, y in val_loader.eval_batches(num_batches):
+            with accelerator.autocast():
+                total += lm_loss(model, x.to(accelerator.device), y.to(accelerator.device))
+            count += 1
+    model.train()
+    return accelerator.reduce(total / max(count, 1), "mean").item()
+
+
+def lm_loss(model, x, y):
+    """Next-token cross-entropy; the loader already shifted the labels, so the model gets no `labels`."""
+    import torch.nn.functional as F
+
+    logits = model(input_ids=x).logits
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+
+
+def train(args) -> int:
+    from configs.presets import resolve_config
+
+    cfg = resolve_config(args.config, args.config_file, overrides_from_args(args))
+    if args.print_plan:
+        from utils.plan import format_plan, plan
+
+        print(format_plan(plan(cfg, gpus=args.gpus)))
+        return 0
+
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    from configs.model import build_model, count_parameters
+    from configs.presets import RunConfig
+    from utils import checkpoint as ckpt
+    from utils.generate import sample_text
+    from utils.loader import BlockLoader
+    from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, setup_logging
+    from utils.optim import build_optimizer, build_scheduler
+    from utils.tokenizers import load_tokenizer
+
+    tc = cfg.train
+    cuda = torch.cuda.is_available()
+    if tc.mixed_precision == "fp16" and not cuda:
+        raise PiconeoxError("--mixed-precision fp16 needs a CUDA GPU; on CPU use bf16 or no")
+    accelerator = Accelerator(mixed_precision=tc.mixed_precision, cpu=not cuda)
+    is_main = accelerator.is_main_process
+    set_seed(tc.seed)
+
+    # Data first: it decides the vocabulary.
+    data_dir = prepare_data_dir(tc, accelerator)
+    tokenizer = load_tokenizer(data_dir)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    train_loader = BlockLoader(data_dir, "train", tc.seq_len, tc.micro_batch_size, seed=tc.seed, rank=rank, world_size=world)
+    val_loader = BlockLoader(data_dir, "val", tc.seq_len, tc.micro_batch_size, seed=tc.seed, rank=rank, world_size=world, shuffle=False)
+    cfg = RunConfig(cfg.preset, cfg.model.with_vocab(train_loader.vocab_size), tc).validate()
+
+    run = args.run_name or f"{cfg.preset}-{data_dir.name}"
+    run_dir, log_dir = Path(args.output_dir) / run, Path(args.log_dir) / run
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(parents=True, exist_ok=True)
+    log = setup_logging(log_dir / "training.log", is_main)
+    metrics = MetricsWriter(log_dir, is_main)
+
+    # Resume target (decided before building anything heavy, so a bad path fails fast).
+    resume_from = None
+    if args.resume == "auto":
+        resume_from = ckpt.latest_complete(run_dir, warn=log.warning)
+        if resume_from is None:
+            log.info(f"--resume auto: no complete checkpoint in {run_dir}; starting fresh")
+    elif args.resume:
+        resume_from = ckpt.resolve_resume(Path(args.resume), warn=log.warning)
+    resumed = ckpt.load(resume_from) if resume_from else None
+    if resumed and resumed["run_config"]["model"] != cfg.model.to_dict():
+        saved = resumed["run_config"]["model"]
+        diff = next(k for k in saved if saved[k] != cfg.model.to_dict().get(k))
+        raise PiconeoxError(f"--resume {resume_from}: checkpoint has model.{diff}={saved[diff]!r}, this run has {cfg.model.to_dict()[diff]!r}")
+
+    model = build_model(cfg.model)
+    if resume_from:
+        ckpt.load_weights(model, resume_from)
+    if tc.activation_checkpointing:
+        model.gradient_checkpointing_enable()
+    n_params = count_parameters(model)
+    log.info(f"run {run}: preset {cfg.preset}, {n_params:,} parameters, data {data_dir} "
+             f"(vocab {train_loader.vocab_size}, {train_loader.tokens_per_epoch:,} train tokens), "
+             f"{world} process(es) on {accelerator.device}, mixed precision {tc.mixed_precision}")
+    optimizer = build_optimizer(model.to(accelerator.device), tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
+    scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
+    model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
+    if tc.compile == "on" or (tc.compile == "auto" and cuda):
+        model = torch.compile(model)  # after prepare(): saved keys never carry `_orig_mod.`
+
+    state = TrainerState()
+    if resumed:
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
+        if resumed["scaler"] is not None and accelerator.scaler is not None:
+            accelerator.scaler.load_state_dict(resumed["scaler"])
+        ckpt.set_rng_state(resumed["rng"])
+        train_loader.load_state_dict(resumed["loader"])
+        state.load_state_dict(resumed["trainer"])
+        log.info(f"resumed from {resume_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
+    if state.step >= tc.max_steps:
+        raise PiconeoxError(f"--max-steps {tc.max_steps}: the resumed run is already at step {state.step}; raise --max-steps")
+
+    def save(folder: Path, weights_only: bool = False) -> None:
+        if is_main:
+            unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+            snap = ckpt.capture(state.step, unwrapped, optimizer, scheduler, accelerator.scaler, train_loader,
+                                state, cfg.to_dict(), tokenizer)
+            ckpt.write(snap, folder, weights_only)
+            log.info(f"saved checkpoint {folder}")
+        accelerator.wait_for_everyone()
+
+    tokens_per_step = tc.micro_batch_size * tc.grad_accum_steps * world * tc.seq_len
+    deadline = time.time() + tc.max_training_hours * 3600 - state.train_seconds if tc.max_training_hours else math.inf
+    batches = iter(train_loader)
+    bar = ProgressBar(tc.max_steps, state.step, is_main)
+    losses: list[float] = []
+    stop_reason = "max steps reached"
+    model.train()
+    while state.step < tc.max_steps:
+        t0 = time.time()
+        loss_sum = torch.zeros((), device=accelerator.device)
+        for micro in range(tc.grad_accum_steps):
+            x, y = next(batches)
+            sync_ctx = accelerator.no_sync(model) if micro < tc.grad_accum_steps - 1 else contextlib.nullcontext()
+            with sync_ctx:
+                with accelerator.autocast():
+                    loss = lm_loss(model, x.to(accelerator.device), y.to(accelerator.device))
+                accelerator.backward(loss / tc.grad_accum_steps)
+            loss_sum += loss.detach()
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.tokens_seen += tokens_per_step
+
+        loss = accelerator.reduce(loss_sum / tc.grad_accum_steps, "mean").item()
+        if not math.isfinite(loss):
+            raise TrainingDiverged(f"loss is {loss} at step {state.step}; stopped without saving "
+                                   f"(the last good checkpoint is {ckpt.latest_complete(run_dir) or 'none'})")
+        dt = time.time() - t0
+        state.train_seconds += dt
+        losses.append(loss)
+        lr = scheduler.get_last_lr()[0]
+        bar.update(1, loss=loss, avg=sum(losses[-100:]) / len(losses[-100:]), lr=lr, tok_s=tokens_per_step / dt)
+        if state.step % tc.log_every == 0 or state.step == tc.max_steps:
+            metrics.scalars(state.step, {"train/loss": loss, "train/lr": lr, "train/grad_norm": float(grad_norm),
+                                         "train/tokens_per_s": tokens_per_step / dt, "train/step_time_s": dt, **gpu_stats()})
+            log.debug(f"step {state.step} loss {loss:.6f} lr {lr:.3e}")
+
+        if state.step % tc.eval_every == 0 or state.step == tc.max_steps:
+            val = evaluate(model, val_loader, tc.eval_batches, accelerator)
+            metrics.scalars(state.step, {"val/loss": val, "val/perplexity": math.exp(min(val, 50))})
+            improved = val < state.best_val_loss
+            state.best_val_loss = min(val, state.best_val_loss)
+            state.evals_without_improvement = 0 if improved else state.evals_without_improvement + 1
+            log.info(f"step {state.step}: train loss {loss:.4f}, val loss {val:.4f}, perplexity {math.exp(min(val, 50)):.2f}"
+                     + (" (best)" if improved else f" ({state.evals_without_improvement} eval(s) without improvement)"))
+            if improved:
+                save(run_dir / "best", weights_only=True)
+            if tc.patience and state.evals_without_improvement >= tc.patience:
+                stop_reason = f"early stopping: no val improvement in {tc.patience} evaluations"
+                break
+        if state.step % tc.save_every == 0:
+            save(run_dir / ckpt.step_dir_name(state.step))
+            if is_main:
+                ckpt.rotate(run_dir, tc.keep_last)
+        if time.time() >= deadline:
+            stop_reason = f"time limit of {tc.max_training_hours:g} h reached"
+            break
+    bar.close()
+
+    last = run_dir / ckpt.step_dir_name(state.step)
+    if state.step % tc.save_every:
+        save(last)
+    if is_main:
+        ckpt.link_copy(last, run_dir / "final")
+        ckpt.rotate(run_dir, tc.keep_last)
+        metrics.save_history(log_dir / "history.json")
+        metrics.plot(log_dir / "loss.png")
+        metrics.close()
+        log.info(f"stopped at step {state.step}: {stop_reason}; best val loss {state.best_val_loss:.4f}")
+        log.info(f"checkpoints in {run_dir}, logs in {log_dir} (tensorboard --logdir {args.log_dir})")
+        unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+        text = sample_text(unwrapped, tokenizer, args.sample_prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=tc.seed)
+        log.info("sample:\n" + text)
+    accelerator.end_training()
+    return 0
+
+
+class TrainingDiverged(PiconeoxError):
+    """A NaN or inf loss: the run stops and names the step."""
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        return train(args)
+    except PiconeoxError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Sample text from a checkpoint, or report its validation loss and perplexity.
+
+    python -m utils.generate checkpoints/<run>/best --prompt "Once upon a time" --max-new-tokens 200
+    python -m utils.generate checkpoints/<run>/final --eval-data data/<name> [--eval-batches 50]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from utils.errors import PiconeoxError
+
+
+@torch.no_grad()
+def sample_text(model, tokenizer, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
+                top_k: int | None = 40, seed: int = 0) -> str:
+    """Prompt plus `max_new_tokens` sampled tokens; the context is cropped to the model's positions."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    ids = tokenizer.encode(prompt, add_special_tokens=False) or [tokenizer.eos_token_id]
+    x = torch.tensor([ids], dtype=torch.long, device=device)
+    ctx = model.config.max_position_embeddings
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for _ in range(max_new_tokens):
+        logits = model(input_ids=x[:, -ctx:]).logits[0, -1].float().cpu()
+        if temperature <= 0:
+            nxt = int(logits.argmax())
+        else:
+            logits = logits / temperature
+            if top_k:
+                kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+                logits[logits < kth] = -math.inf
+            nxt = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
+        x = torch.cat([x, torch.tensor([[nxt]], device=device)], dim=1)
+    model.train(was_training)
+    return tokenizer.decode(x[0].tolist(), skip_special_tokens=False)
+
+
+def load_checkpoint_model(folder: str):
+    """Model and tokenizer of a checkpoint folder (best/, final/ or step-XXXXXXXX/) via the Auto classes."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from utils.checkpoint import check_complete
+
+    reason = check_complete(Path(folder))
+    if reason:
+        raise PiconeoxError(reason)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(folder)
+
+
+def evaluate_checkpoint(model, data_dir: str, seq_len: int, batch_size: int, num_batches: int) -> float:
+    """Mean validation cross-entropy of `model` on a prepared dataset's val split."""
+    from utils.loader import BlockLoader
+
+    loader = BlockLoader(data_dir, "val", seq_len, batch_size, shuffle=False)
+    if loader.vocab_size > model.config.vocab_size:
+        raise PiconeoxError(f"--eval-data {data_dir}: vocab {loader.vocab_size} is larger than the model's {model.config.vocab_size}")
+    model.eval()
+    losses = []
+    with torch.no_grad():
+        for x, y in loader.eval_batches(num_batches):
+            logits = model(input_ids=x).logits
+            losses.append(torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1)).item())
+    if not losses:
+        raise PiconeoxError(f"--eval-data {data_dir}: the val split has fewer than {batch_size} blocks of {seq_len} tokens")
+    return sum(losses) / len(losses)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="a checkpoint folder: checkpoints/<run>/best, final or step-XXXXXXXX")
+    p.add_argument("--prompt", default="Once upon a time")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=40, help="0 = no top-k filtering")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-data", help="instead of sampling: val loss and perplexity on this prepared dataset")
+    p.add_argument("--eval-batches", type=int, default=50)
+    p.add_argument("--batch-size", type=int, default=8)
+    args = p.parse_args(argv)
+    try:
+        if args.max_new_tokens < 1 or args.eval_batches < 1 or args.batch_size < 1:
+            raise PiconeoxError("--max-new-tokens, --eval-batches and --batch-size must be positive integers")
+        model, tokenizer = load_checkpoint_model(args.checkpoint)
+        if args.eval_data:
+            loss = evaluate_checkpoint(model, args.eval_data, model.config.max_position_embeddings,
+                                       args.batch_size, args.eval_batches)
+            print(f"val loss {loss:.4f}  perplexity {math.exp(loss):.2f}")
+        else:
+            print(sample_text(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature,
+                              args.top_k or None, args.seed))
+    except PiconeoxError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
