@@ -1,0 +1,78 @@
+"""Presets, overrides and validation of configs/."""
+import pytest
+import torch
+
+from configs.model import MODEL_PRESETS, build_model, count_parameters
+from configs.presets import PRESET_NAMES, resolve_config
+from utils.errors import PiconeoxError
+
+SMALL_PRESETS = [n for n in PRESET_NAMES if n != "production"]
+
+
+@pytest.mark.parametrize("name", SMALL_PRESETS)
+def test_position_changes_logits(name):
+    """Every preset must really encode position: the same tokens at other distances give other logits.
+
+    RoPE is relative, so a uniform shift changes nothing; stretching the distances must.
+    """
+    cfg = MODEL_PRESETS[name].with_vocab(65)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, 8))
+    with torch.no_grad():
+        a = model(input_ids=ids, position_ids=torch.arange(8)[None]).logits
+        b = model(input_ids=ids, position_ids=torch.arange(8)[None] * 3).logits
+    assert cfg.rotary_dims >= 2
+    assert (a - b).abs().max().item() > 1e-4
+
+
+def test_rp2040_parameter_counts_match_measured_shapes():
+    counts = {n: count_parameters(build_model(MODEL_PRESETS[n])) for n in ("rp2040-speed", "rp2040-optimized", "rp2040-quality")}
+    assert counts == {"rp2040-speed": 9248, "rp2040-optimized": 18152, "rp2040-quality": 53448}
+
+
+def test_production_shape_on_meta_device():
+    with torch.device("meta"):
+        model = build_model(MODEL_PRESETS["production"])
+    assert count_parameters(model) == 1_414_647_808
+    assert model.config.rope_parameters["partial_rotary_factor"] == 0.25
+
+
+def test_yaml_and_overrides_apply_in_order(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("model:\n  num_layers: 3\ntrain:\n  max_steps: 50\n  learning_rate: 0.002\n")
+    cfg = resolve_config("test", str(f), {"train.max_steps": "70", "model.dropout": "0.1"})
+    assert (cfg.model.num_layers, cfg.train.max_steps, cfg.train.learning_rate, cfg.model.dropout) == (3, 70, 0.002, 0.1)
+
+
+@pytest.mark.parametrize("preset,overrides,message", [
+    ("nope", {}, "unknown preset 'nope'; valid presets: rp2040-speed"),
+    ("test", {"model.num_heads": "3"}, "model.num_heads=3 does not divide model.hidden_size=128"),
+    ("rp2040-speed", {"model.rotary_pct": "0.25"}, "gives 0 rotary dims"),
+    ("test", {"train.seq_len": "4096"}, "train.seq_len=4096 is longer than model.max_position_embeddings=256"),
+    ("test", {"train.max_steps": "0"}, "train.max_steps=0: must be a positive integer"),
+    ("test", {"train.max_steps": "ten"}, "train.max_steps='ten': expected int"),
+    ("test", {"train.bogus": "1"}, "unknown train setting 'bogus'"),
+    ("test", {"train.mixed_precision": "fp8"}, "allowed no, fp16, bf16"),
+    ("test", {"optim.lr": "1"}, "expected model.<name>=<value> or train.<name>=<value>"),
+])
+def test_impossible_settings_fail_with_one_line(preset, overrides, message):
+    with pytest.raises(PiconeoxError) as e:
+        resolve_config(preset, None, overrides)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_vocab_smaller_than_tokenizer_is_refused():
+    with pytest.raises(PiconeoxError, match="model.vocab_size=256 is smaller than the dataset tokenizer's 257"):
+        MODEL_PRESETS["rp2040-speed"].with_vocab(257)
+    assert MODEL_PRESETS["test"].with_vocab(257).vocab_size == 320  # rounded up to a multiple of 64
+
+
+def test_bad_yaml_file(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("model: [unclosed\n")
+    with pytest.raises(PiconeoxError, match="is not valid YAML"):
+        resolve_config("test", str(f))
+    with pytest.raises(PiconeoxError, match="does not exist"):
+        resolve_config("test", str(tmp_path / "missing.yaml"))
