@@ -1,0 +1,276 @@
+"""Verified tree sync between a Storage and a local folder: never trust a file by its mere existence.
+
+download_tree lists the source once (names, sizes, crc32c), skips a local file only when its size and
+crc32c both match, and fetches the rest in parallel through `<file>.partial` + verify + rename.
+Computed crc32c values are cached in `<dest>/.crc32c-index.json`, keyed by size and mtime, so a re-run
+over terabytes re-hashes nothing. upload_tree is the reverse, with the manifest (or marker) uploaded
+last, so a remote folder never looks complete before all its files are there.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Callable
+
+from tqdm import tqdm
+
+from utils.atomic import atomic_write_json
+from utils.crc import crc32c_file
+from utils.errors import PiconeoxError
+from utils.storage import PARTIAL_SUFFIX, ObjectInfo, Storage, open_storage, parse_gs_url, safe_relpath
+
+__all__ = ["SyncSummary", "CrcIndex", "download_tree", "upload_tree", "ensure_local", "safe_relpath"]
+
+log = logging.getLogger(__name__)
+
+INDEX_NAME = ".crc32c-index.json"
+
+
+@dataclass
+class SyncSummary:
+    """What a tree transfer did; in a dry run, what it would do.
+
+    downloaded: files transferred (by upload_tree: uploaded); bytes: their total size.
+    skipped: files already identical (size and crc32c) on the receiving side.
+    failed: files that could not be transferred or were refused; errors holds one line for each.
+    """
+
+    downloaded: int = 0
+    skipped: int = 0
+    failed: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    def fail(self, message: str) -> None:
+        self.failed += 1
+        self.errors.append(message)
+
+
+class CrcIndex:
+    """crc32c of local files, reused while a file's size and mtime are unchanged.
+
+    Stored as JSON {relative name: [size, mtime_ns, crc32c]}; a missing or unreadable index only
+    costs re-hashing, so it is rebuilt rather than reported. Like rsync's quick check, a rewrite that
+    keeps both size and mtime goes unnoticed: delete the index file to force a full re-hash.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._entries: dict[str, list[int]] = {}
+        self._changed = False
+        try:
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(loaded, dict):
+                self._entries = loaded
+        except (OSError, ValueError):
+            pass
+
+    def crc32c(self, rel: str, file: Path, st: os.stat_result) -> int:
+        """The crc32c of `file` (stat result `st`), from the index when still valid, else computed."""
+        entry = self._entries.get(rel)
+        if isinstance(entry, list) and len(entry) == 3 and entry[:2] == [st.st_size, st.st_mtime_ns]:
+            return entry[2]
+        crc = crc32c_file(file)
+        self.record(rel, st, crc)
+        return crc
+
+    def record(self, rel: str, st: os.stat_result, crc: int) -> None:
+        """Remember a crc32c known to belong to the file content with stat result `st`."""
+        self._entries[rel] = [st.st_size, st.st_mtime_ns, crc]
+        self._changed = True
+
+    def save(self) -> None:
+        if self._changed:
+            atomic_write_json(self.path, self._entries)
+            self._changed = False
+
+
+def _local_crc_if_same_size(path: Path, rel: str, size: int, index: CrcIndex) -> int | None:
+    """crc32c of a local regular file of exactly `size` bytes; None when it is missing or differs in size."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    if not path.is_file() or st.st_size != size:
+        return None
+    return index.crc32c(rel, path, st)
+
+
+def _remove_stale_partials(dest: Path) -> int:
+    """Delete `*.partial` files that an interrupted earlier run left behind; they are never trusted."""
+    removed = 0
+    for dirpath, _dirs, files in os.walk(dest):
+        for file in files:
+            if file.endswith(PARTIAL_SUFFIX):
+                Path(dirpath, file).unlink(missing_ok=True)
+                removed += 1
+    if removed:
+        log.info("removed %d stale .partial file(s) under %s", removed, dest)
+    return removed
+
+
+def _transfer_all(jobs: dict[str, tuple[int, Callable[[], ObjectInfo]]], summary: SyncSummary, *,
+                  workers: int, desc: str, progress: bool) -> dict[str, ObjectInfo]:
+    """Run {name: (size, transfer)} on a thread pool with a bytes/files progress bar.
+
+    Successes are counted in `summary` and returned by name; a failure of one file (a StorageError
+    or a local OSError) is recorded and the others go on.
+    """
+    done: dict[str, ObjectInfo] = {}
+    with tqdm(total=sum(size for size, _ in jobs.values()), unit="B", unit_scale=True, unit_divisor=1024,
+              desc=desc, disable=not progress, dynamic_ncols=True) as bar, \
+            ThreadPoolExecutor(max_workers=workers) as pool:
+        futures: dict[Future, str] = {pool.submit(transfer): name for name, (_, transfer) in jobs.items()}
+        try:
+            for future in as_completed(futures):
+                name = futures[future]
+                try:
+                    done[name] = future.result()
+                except (PiconeoxError, OSError) as e:
+                    summary.fail(f"{name}: {e}")
+                    continue
+                summary.downloaded += 1
+                summary.bytes += jobs[name][0]
+                bar.update(jobs[name][0])
+                bar.set_postfix_str(f"files {len(done)}/{len(jobs)}", refresh=False)
+        except BaseException:  # Ctrl-C: start nothing new; transfers in flight end cleanly on their own
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    return done
+
+
+def download_tree(src: Storage, dest: Path, *, include: str | None = None, workers: int = 8,
+                  dry_run: bool = False, progress: bool = True) -> SyncSummary:
+    """Make `dest` hold a verified copy of every object under `src` (optionally only names matching
+    the glob `include`, where '*' also crosses '/'). Objects whose names would escape `dest` are
+    refused and counted as failed; nothing is written outside `dest`."""
+    if workers < 1:
+        raise PiconeoxError(f"workers must be at least 1, got {workers}")
+    start = time.perf_counter()
+    listing = {name: info for name, info in src.list().items() if name != INDEX_NAME}
+    if not listing:
+        raise PiconeoxError(f"no objects under {src.url}: check the bucket and prefix")
+    selected = {n: i for n, i in listing.items() if include is None or fnmatchcase(n, include)}
+    if not selected:
+        raise PiconeoxError(f"include pattern {include!r} matches none of the {len(listing)} objects under {src.url}")
+
+    dest = Path(dest)
+    if not dry_run:
+        dest.mkdir(parents=True, exist_ok=True)
+        _remove_stale_partials(dest)
+    index = CrcIndex(dest / INDEX_NAME)
+    summary = SyncSummary()
+    todo: dict[str, tuple[ObjectInfo, Path]] = {}
+    for name, info in sorted(selected.items()):
+        try:
+            path = dest / safe_relpath(name)
+        except PiconeoxError as e:
+            summary.fail(str(e))
+            continue
+        local_crc = _local_crc_if_same_size(path, name, info.size, index)
+        if local_crc is not None and local_crc == info.crc32c:
+            summary.skipped += 1
+        else:
+            todo[name] = (info, path)
+
+    if dry_run:
+        summary.downloaded = len(todo)
+        summary.bytes = sum(info.size for info, _ in todo.values())
+    else:
+        def fetch(name: str, path: Path) -> ObjectInfo:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return src.get(name, path)
+
+        jobs = {name: (info.size, lambda n=name, p=path: fetch(n, p)) for name, (info, path) in todo.items()}
+        try:
+            done = _transfer_all(jobs, summary, workers=workers, desc=f"download {src.url}", progress=progress)
+            for name, got in done.items():
+                index.record(name, todo[name][1].stat(), got.crc32c)
+        finally:
+            index.save()
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def _local_files(root: Path) -> dict[str, Path]:
+    """Files under root by '/'-separated relative name, without sync's own index and in-flight files."""
+    files = {}
+    for dirpath, _dirs, names in os.walk(root):
+        for file in names:
+            if file == INDEX_NAME or file.endswith(PARTIAL_SUFFIX) or (file.startswith(".") and file.endswith(".tmp")):
+                continue
+            path = Path(dirpath, file)
+            files[path.relative_to(root).as_posix()] = path
+    return files
+
+
+def upload_tree(src_dir: Path, dst: Storage, *, last: str | None = "manifest.json", if_absent: bool = False,
+                workers: int = 4, include: str | None = None, dry_run: bool = False,
+                progress: bool = True) -> SyncSummary:
+    """Upload the files of `src_dir` that `dst` lacks or holds with another size or crc32c.
+
+    `last` (the manifest or COMPLETE marker; it must exist) goes up only after every other file
+    succeeded; a stale remote copy of it is deleted before anything changes. if_absent refuses to
+    overwrite any object that differs (ObjectExists, counted as failed).
+    """
+    if workers < 1:
+        raise PiconeoxError(f"workers must be at least 1, got {workers}")
+    start = time.perf_counter()
+    src_dir = Path(src_dir)
+    files = _local_files(src_dir) if src_dir.is_dir() else {}
+    if not files:
+        raise PiconeoxError(f"nothing to upload: {src_dir} is not a folder with files")
+    if last is not None and last not in files:
+        raise PiconeoxError(f"{src_dir} has no {last}; it is uploaded last to mark the folder complete")
+    selected = {n: p for n, p in files.items() if include is None or fnmatchcase(n, include) or n == last}
+
+    remote = dst.list()
+    index = CrcIndex(src_dir / INDEX_NAME)
+    summary = SyncSummary()
+    todo = {}
+    for name, path in sorted(selected.items()):
+        info = remote.get(name)
+        if info and info.crc32c is not None and _local_crc_if_same_size(path, name, info.size, index) == info.crc32c:
+            summary.skipped += 1
+        else:
+            todo[name] = path
+    try:
+        if dry_run:
+            summary.downloaded, summary.bytes = len(todo), sum(p.stat().st_size for p in todo.values())
+        elif todo:
+            if last in remote and not if_absent:
+                dst.delete(last)  # the folder is incomplete until `last` is back
+            body = {n: p for n, p in todo.items() if n != last}
+            jobs = {n: (p.stat().st_size, lambda n=n, p=p: dst.put(p, n, if_absent=if_absent)) for n, p in body.items()}
+            _transfer_all(jobs, summary, workers=workers, desc=f"upload {dst.url}", progress=progress)
+            if last in todo and not summary.failed:
+                jobs = {last: (todo[last].stat().st_size, lambda: dst.put(todo[last], last, if_absent=if_absent))}
+                _transfer_all(jobs, summary, workers=1, desc=f"upload {last}", progress=False)
+    finally:
+        if not dry_run:
+            index.save()
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def ensure_local(source_url: str, cache_root: Path, credentials: str | None = None) -> Path:
+    """A local folder holding the dataset at `source_url`.
+
+    A gs:// URL is synced (verified, incremental) into cache_root/<bucket>/<prefix>; a local path or
+    file:// URL is returned as is. Call it on one process per machine; the others wait, then use the path.
+    """
+    if not source_url.startswith("gs://"):
+        return Path(source_url.removeprefix("file://"))
+    bucket, prefix = parse_gs_url(source_url)
+    dest = Path(cache_root, bucket, *prefix.split("/")) if prefix else Path(cache_root, bucket)
+    summary = download_tree(open_storage(source_url, credentials), dest)
+    if summary.failed:
+        raise PiconeoxError(f"{summary.failed} file(s) of {source_url} failed to sync into {dest}; first: {summary.errors[0]}")
+    return dest
