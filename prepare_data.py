@@ -1,0 +1,254 @@
+"""Prepare a dataset: text -> tokenizer -> token shards + manifest in data/<name>/.
+
+    python prepare_data.py demo --name demo --tokenizer byte
+    python prepare_data.py ../shared/data/tinyshakespeare/input.txt --name shakespeare --tokenizer char
+    python prepare_data.py 'stories/*.txt' --name stories --tokenizer bpe --vocab-size 4096
+
+Everything is built in data/<name>/.staging/ first; only a complete run moves its files into place and
+writes manifest.json last, so a failed run leaves the previous dataset as it was.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from utils.documents import DECODE_ERRORS, INPUT_HELP, Source, resolve_inputs
+from utils.errors import PiconeoxError
+from utils.shards import MANIFEST_FILE, SPLITS, Manifest, ShardWriter, read_manifest, token_dtype, write_manifest
+from utils.tokenizers import (KINDS, TOKENIZER_FILE, build_tokenizer, check_vocab_size, encode_batches,
+                              file_sha256, missing_chars, save_tokenizer, tokenizer_kind)
+
+DEFAULT_SHARD_TOKENS = 50_000_000  # 100 MB per uint16 shard
+BATCH_CHARS = 1 << 20  # text per encode task: large enough to amortise the hop to a worker
+STAGING = ".staging"
+DOCUMENT_RULE = ("Documents: a file containing <|endoftext|> is split on it, any other file at blank "
+                 "lines (one paragraph = one document); an hf row is one document. Documents are "
+                 "stripped and each is followed by <|endoftext|> in the token stream.")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which documents are kept and which of them go to val: fixed by the seed and document index."""
+
+    dataset_percent: float
+    val_fraction: float
+    seed: int
+
+    def _uniform(self, index: int, purpose: str) -> float:
+        digest = hashlib.blake2b(f"{self.seed}:{purpose}:{index}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") / 2**64
+
+    def split_of(self, index: int) -> str | None:
+        """'train', 'val', or None when document `index` is not kept."""
+        if self._uniform(index, "keep") * 100 >= self.dataset_percent:
+            return None
+        return "val" if self._uniform(index, "val") < self.val_fraction else "train"
+
+
+@dataclass
+class Batch:
+    """Consecutive kept documents of one split, plus the input bytes read to reach them."""
+
+    split: str
+    docs: list[str]
+    input_bytes: int
+
+
+def _batches(sources: list[Source], selection: Selection) -> Iterator[Batch]:
+    """Kept documents grouped per split into ~BATCH_CHARS batches, in input order within each split."""
+    pending = {split: Batch(split, [], 0) for split in SPLITS}
+    sizes = dict.fromkeys(SPLITS, 0)
+    index, unreported_bytes = 0, 0
+    for source in sources:
+        for doc, nbytes in source.documents():
+            split = selection.split_of(index)
+            index += 1
+            unreported_bytes += nbytes
+            if split is None:
+                continue
+            batch = pending[split]
+            batch.docs.append(doc)
+            sizes[split] += len(doc)
+            if sizes[split] >= BATCH_CHARS:
+                batch.input_bytes, unreported_bytes = unreported_bytes, 0
+                yield batch
+                pending[split], sizes[split] = Batch(split, [], 0), 0
+    for split in SPLITS:
+        if pending[split].docs:
+            pending[split].input_bytes, unreported_bytes = unreported_bytes, 0
+            yield pending[split]
+
+
+def _progress(sources: list[Source], desc: str) -> tqdm:
+    sizes = [s.size for s in sources]
+    total = None if None in sizes else sum(sizes)
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, dynamic_ncols=True)
+
+
+def _texts(sources: list[Source], selection: Selection, desc: str) -> Iterator[str]:
+    """Every kept document (both splits) for building or checking a tokenizer, with a progress bar."""
+    with _progress(sources, desc) as bar:
+        for batch in _batches(sources, selection):
+            yield from batch.docs
+            bar.update(batch.input_bytes)
+
+
+def _tokenizer(data_dir: Path, staging: Path, kind: str, vocab_size: int | None, retrain: bool,
+               texts: Iterable[str]) -> tuple[Tokenizer, str]:
+    """Reuse data_dir's tokenizer.json when it is the one asked for, else build one into staging.
+
+    Returns the tokenizer and the sha256 of its tokenizer.json.
+    """
+    existing = data_dir / TOKENIZER_FILE
+    if existing.is_file() and not retrain:
+        try:
+            tok = Tokenizer.from_file(str(existing))
+        except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+            raise PiconeoxError(f"{existing} is not a readable tokenizer ({e}); pass --retrain-tokenizer") from None
+        have, size = tokenizer_kind(tok), tok.get_vocab_size()
+        if have != kind or (vocab_size is not None and vocab_size != size):
+            asked = kind + (f" with {vocab_size} ids" if vocab_size is not None else "")
+            raise PiconeoxError(f"{data_dir} holds a {have} tokenizer with {size} ids, not the {asked} "
+                                "asked for: pass --retrain-tokenizer to replace it, or choose another --name")
+        if kind == "char" and (missing := missing_chars(tok, texts)):
+            shown = ", ".join(repr(c) for c in sorted(missing)[:5])
+            raise PiconeoxError(f"{existing} has no id for {len(missing)} characters of this input "
+                                f"({shown}): pass --retrain-tokenizer")
+        return tok, file_sha256(existing)
+    tok = build_tokenizer(kind, texts, vocab_size)
+    return tok, save_tokenizer(tok, staging / TOKENIZER_FILE)
+
+
+def _commit(staging: Path, data_dir: Path, manifest: Manifest) -> None:
+    """Move the staged files into data_dir, drop shards of an older run, and write the manifest last."""
+    (data_dir / MANIFEST_FILE).unlink(missing_ok=True)  # the folder stops counting as a dataset meanwhile
+    for path in staging.iterdir():
+        os.replace(path, data_dir / path.name)
+    keep = {s.name for s in manifest.shards}
+    for split in SPLITS:
+        for stale in data_dir.glob(f"{split}_*.npy"):
+            if stale.name not in keep:
+                stale.unlink()
+    write_manifest(data_dir, manifest)
+    staging.rmdir()
+
+
+def _check_options(name: str, tokenizer: str, vocab_size: int | None, shard_tokens: int,
+                   dataset_percent: float, val_fraction: float, workers: int) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise PiconeoxError(f"--name {name!r} is not allowed: use letters, digits, '.', '_' and '-'")
+    check_vocab_size(tokenizer, vocab_size)
+    if not 1 <= dataset_percent <= 100:
+        raise PiconeoxError(f"--dataset-percent {dataset_percent} is out of range: give 1..100")
+    if not 0 <= val_fraction < 1:
+        raise PiconeoxError(f"--val-fraction {val_fraction} is out of range: give 0 <= F < 1")
+    if shard_tokens < 1:
+        raise PiconeoxError(f"--shard-tokens {shard_tokens} is out of range: give a positive count")
+    if workers < 1:
+        raise PiconeoxError(f"--workers {workers} is out of range: give 1 or more")
+
+
+def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", tokenizer: str = "byte",
+            vocab_size: int | None = None, shard_tokens: int = DEFAULT_SHARD_TOKENS,
+            dataset_percent: float = 100.0, val_fraction: float = 0.1, seed: int = 0,
+            retrain_tokenizer: bool = False, workers: int | None = None, errors: str = "strict") -> Path:
+    """Build data/<name>/ from `inputs`; returns its path. Raises PiconeoxError on bad input."""
+    workers = os.cpu_count() or 1 if workers is None else workers
+    _check_options(name, tokenizer, vocab_size, shard_tokens, dataset_percent, val_fraction, workers)
+    sources = resolve_inputs(inputs, errors)
+    selection = Selection(dataset_percent, val_fraction, seed)
+    data_dir = Path(out_dir) / name
+    staging = data_dir / STAGING
+    shutil.rmtree(staging, ignore_errors=True)  # left over from a killed run
+    staging.mkdir(parents=True)
+    try:
+        texts = _texts(sources, selection, "read for tokenizer") if tokenizer != "byte" else []
+        tok, tok_sha256 = _tokenizer(data_dir, staging, tokenizer, vocab_size, retrain_tokenizer, texts)
+        dtype = token_dtype(tok.get_vocab_size())
+        writers = {split: ShardWriter(staging, split, dtype, shard_tokens) for split in SPLITS}
+        documents = dict.fromkeys(SPLITS, 0)
+        with _progress(sources, f"tokenize {name}") as bar:
+            for batch, ids in encode_batches(tok, ((b, b.docs) for b in _batches(sources, selection)),
+                                             dtype, workers):
+                writers[batch.split].add(ids)
+                documents[batch.split] += len(batch.docs)
+                bar.update(batch.input_bytes)
+                docs = sum(documents.values())
+                bar.set_postfix_str(f"{docs:,} docs, {docs / max(bar.format_dict['elapsed'], 1e-9):,.0f} docs/s, "
+                                    f"{sum(w.tokens for w in writers.values()):,} tokens")
+        if documents["train"] == 0:
+            raise PiconeoxError(f"inputs {' '.join(inputs)} give no training text (empty, or "
+                                f"--dataset-percent {dataset_percent} kept nothing)")
+        if val_fraction > 0 and documents["val"] == 0:
+            raise PiconeoxError(f"--val-fraction {val_fraction} put none of the {documents['train']} documents "
+                                "in val: give more documents (see the document rule in --help) or --val-fraction 0")
+        shards = [shard for split in SPLITS for shard in writers[split].finish()]
+        manifest = Manifest(
+            vocab_size=tok.get_vocab_size(), dtype=dtype.name, tokenizer_sha256=tok_sha256,
+            shards=shards, source=[s.label for s in sources], documents=documents,
+            options=dict(tokenizer=tokenizer, vocab_size=vocab_size, shard_tokens=shard_tokens,
+                         dataset_percent=dataset_percent, val_fraction=val_fraction, seed=seed, errors=errors))
+        _commit(staging, data_dir, manifest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not any(data_dir.iterdir()):
+            data_dir.rmdir()  # a first run that failed leaves no empty folder behind
+        raise
+    return data_dir
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=DOCUMENT_RULE)
+    p.add_argument("inputs", nargs="*", default=["demo"], metavar="INPUT",
+                   help=f"{INPUT_HELP} (default: demo, the built-in stories)")
+    p.add_argument("--name", help="dataset name: output goes to OUT_DIR/NAME (default: demo for the demo input)")
+    p.add_argument("--out-dir", default="data")
+    p.add_argument("--tokenizer", choices=KINDS, default="byte")
+    p.add_argument("--vocab-size", type=int, help="bpe only: 257..65535")
+    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file")
+    p.add_argument("--dataset-percent", type=float, default=100.0, help="keep this %% of documents (1..100)")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="fraction of documents for val (0 <= F < 1)")
+    p.add_argument("--seed", type=int, default=0, help="fixes which documents are kept and which go to val")
+    p.add_argument("--retrain-tokenizer", action="store_true", help="replace an existing tokenizer.json")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizer processes")
+    p.add_argument("--errors", choices=DECODE_ERRORS, default="strict",
+                   help="undecodable (non UTF-8) bytes: strict stops with file and byte offset, "
+                        "replace turns them into U+FFFD")
+    args = p.parse_args(argv)
+    if args.name is None:
+        if args.inputs != ["demo"]:
+            p.error("--name is required unless the input is demo")
+        args.name = "demo"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    try:
+        data_dir = prepare(args.inputs, args.name, args.out_dir, args.tokenizer, args.vocab_size,
+                           args.shard_tokens, args.dataset_percent, args.val_fraction, args.seed,
+                           args.retrain_tokenizer, args.workers, args.errors)
+    except PiconeoxError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    m = read_manifest(data_dir)
+    splits = ", ".join(f"{s} {m.split_tokens(s):,} tokens in {len(m.split_shards(s))} shards "
+                       f"({m.documents[s]:,} docs)" for s in SPLITS)
+    print(f"{data_dir}: {splits}; vocab {m.vocab_size} ({m.dtype}); {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Build, save, load and run the three tokenizers: char, byte and byte-level BPE.
+
+All three are `tokenizers.Tokenizer` objects saved as `tokenizer.json`, so
+`transformers.PreTrainedTokenizerFast` loads any of them, and all have the special token EOT.
+- char: one id per distinct character of the corpus, then EOT (nanoGPT's Shakespeare-char recipe).
+- byte: exactly 256 ids, id == byte value. Id 255 is EOT: byte 0xFF never occurs in UTF-8 text, so
+  the slot is free, and the vocabulary stays 256 for the RP2040 models.
+- bpe: byte-level BPE trained with the `tokenizers` library, 257..65,535 ids, EOT is id 0.
+Decoding char and byte ids gives the exact text back.
+"""
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+from collections import deque
+from pathlib import Path
+from typing import Iterable, Iterator, TypeVar
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, trainers
+from tokenizers.pre_tokenizers import ByteLevel
+
+from utils.atomic import atomic_write
+from utils.errors import PiconeoxError
+
+EOT = "<|endoftext|>"
+KINDS = ("char", "byte", "bpe")
+BPE_MIN_VOCAB, BPE_MAX_VOCAB = 257, 65_535
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def check_vocab_size(kind: str, vocab_size: int | None) -> None:
+    """Refuse a tokenizer kind or vocab size that cannot be built, with one line saying what is allowed."""
+    if kind not in KINDS:
+        raise PiconeoxError(f"--tokenizer {kind!r} is not one of {', '.join(KINDS)}")
+    if kind == "bpe" and (vocab_size is None or not BPE_MIN_VOCAB <= vocab_size <= BPE_MAX_VOCAB):
+        raise PiconeoxError(f"--vocab-size {vocab_size} is out of range for bpe: "
+                            f"give {BPE_MIN_VOCAB}..{BPE_MAX_VOCAB}")
+    if kind == "byte" and vocab_size not in (None, 256):
+        raise PiconeoxError(f"--vocab-size {vocab_size} is not allowed for byte: it is always 256 (omit it)")
+    if kind == "char" and vocab_size is not None:
+        raise PiconeoxError(f"--vocab-size {vocab_size} is not allowed for char: the vocab is the "
+                            "distinct characters of the text (omit it)")
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table that the ByteLevel pre-tokenizer uses."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {b: chr(b) for b in printable}, 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _char_tokenizer(texts: Iterable[str]) -> Tokenizer:
+    chars: set[str] = set()
+    for text in texts:
+        chars.update(text)
+    # A BPE model with no merges maps each character to its own id; Fuse joins them back without spaces.
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(chars))}, merges=[]))
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([EOT])
+    return tok
+
+
+def _byte_tokenizer() -> Tokenizer:
+    table = _byte_to_unicode()
+    vocab = {table[b]: b for b in range(255)}
+    vocab[EOT] = 255
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([EOT])
+    return tok
+
+
+def _bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT],
+                                  initial_alphabet=ByteLevel.alphabet(), show_progress=True)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def build_tokenizer(kind: str, texts: Iterable[str], vocab_size: int | None) -> Tokenizer:
+    """Build a tokenizer of `kind`; char reads `texts` for its characters, bpe trains on them, byte ignores them."""
+    check_vocab_size(kind, vocab_size)
+    if kind == "char":
+        return _char_tokenizer(texts)
+    if kind == "byte":
+        return _byte_tokenizer()
+    return _bpe_tokenizer(texts, vocab_size)
+
+
+def tokenizer_kind(tok: Tokenizer) -> str:
+    """Which of KINDS built `tok` (read from its decoder and vocabulary)."""
+    if isinstance(tok.decoder, decoders.Fuse):
+        return "char"
+    if tok.get_vocab_size() == 256 and tok.token_to_id(EOT) == 255:
+        return "byte"
+    return "bpe"
+
+
+def missing_chars(tok: Tokenizer, texts: Iterable[str]) -> set[str]:
+    """Characters of `texts` that a char tokenizer has no id for (it would drop them silently)."""
+    vocab = tok.get_vocab()
+    seen: set[str] = set()
+    for text in texts:
+        seen.update(text)
+    return {c for c in seen if c not in vocab}
+
+
+def save_tokenizer(tok: Tokenizer, path: str | os.PathLike) -> str:
+    """Write `tok` as tokenizer.json atomically; returns the sha256 of the bytes written."""
+    data = tok.to_str().encode("utf-8")
+    with atomic_write(path) as f:
+        f.write(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 hex digest of a file (tokenizer.json is small, so one read)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def load_tokenizer(data_dir: str | os.PathLike):
+    """The dataset's tokenizer.json as a transformers PreTrainedTokenizerFast with eos and pad = EOT."""
+    from transformers import PreTrainedTokenizerFast  # heavy import, only for callers that need it
+
+    path = Path(data_dir) / TOKENIZER_FILE
+    if not path.is_file():
+        raise PiconeoxError(f"{path} not found: prepare the data first (python prepare_data.py ...)")
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token=EOT, pad_token=EOT,
+                                   clean_up_tokenization_spaces=False)
+
+
+def encode_documents(tok: Tokenizer, docs: list[str], dtype: np.dtype) -> np.ndarray:
+    """Token ids of `docs`, each followed by EOT, as one flat array of `dtype`."""
+    eot = tok.token_to_id(EOT)
+    ids: list[int] = []
+    for enc in tok.encode_batch(docs, add_special_tokens=False):
+        ids.extend(enc.ids)
+        ids.append(eot)
+    return np.asarray(ids, dtype=dtype)
+
+
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _init_worker(tokenizer_json: str) -> None:
+    global _worker_tokenizer
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the pool already uses the cores
+    _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
+
+
+def _encode_in_worker(docs: list[str], dtype: np.dtype) -> np.ndarray:
+    return encode_documents(_worker_tokenizer, docs, dtype)
+
+
+Tag = TypeVar("Tag")
+
+
+def encode_batches(tok: Tokenizer, batches: Iterable[tuple[Tag, list[str]]], dtype: np.dtype,
+                   workers: int = 1) -> Iterator[tuple[Tag, np.ndarray]]:
+    """Encode (tag, docs) batches in order on `workers` processes, yielding (tag, ids).
+
+    At most 2 batches per worker are in flight, so memory stays bounded however large the input is.
+    Workers are forked: spawn would re-import the caller's main module (train.py imports torch) in each.
+    """
+    if workers <= 1:
+        for tag, docs in batches:
+            yield tag, encode_documents(tok, docs, dtype)
+        return
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(tok.to_str(),)) as pool:
+        pending: deque = deque()
+        for tag, docs in batches:
+            pending.append((tag, pool.apply_async(_encode_in_worker, (docs, dtype))))
+            if len(pending) >= 2 * workers:
+                tag_done, result = pending.popleft()
+                yield tag_done, result.get()
+        while pending:
+            tag_done, result = pending.popleft()
+            yield tag_done, result.get()
