@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Builds, prints and runs the `accelerate launch` line for train.py: CPU, one GPU, many GPUs or many
+# machines, with no interactive `accelerate config`. See usage() below.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: ./start_training.sh --config NAME [--gpus N] [--procs N] [--resume X] [--max-steps N]
+                           [--no-background-upload] [--mixed-precision no|fp16|bf16] [--data DIR_OR_SOURCE]
+                           [--num-machines N --machine-rank R --main-process-ip IP [--main-process-port P]]
+                           [--accelerate-config FILE] [--dry-run] [-- extra train.py flags]
+
+Runs train.py under `accelerate launch` and prints the exact line first.
+
+  --config NAME            preset (train.py lists the valid ones)
+  --gpus N                 GPUs per machine; 0 = CPU. Default: every visible GPU (CPU when none)
+  --procs N                CPU only: N processes talking over gloo (default 1)
+  --resume X               auto or a checkpoint folder (passed to train.py)
+  --max-steps N            passed to train.py
+  --no-background-upload   passed to train.py
+  --mixed-precision M      no, fp16 or bf16 (to train.py, and to accelerate on GPUs)
+  --data D                 prepared dataset dir, gs://bucket/prefix, or demo (passed to train.py)
+  --num-machines N         machines in the job (num_processes = gpus x machines)
+  --machine-rank R         this machine's rank, 0..N-1 (needed with --num-machines > 1)
+  --main-process-ip IP     address of rank 0 (needed with --num-machines > 1)
+  --main-process-port P    port on rank 0 (default 29500 with --num-machines > 1)
+  --accelerate-config F    an accelerate config file (see configs/accelerate/); its distributed
+                           type decides DDP or FSDP, the flags above override its counts
+  --dry-run                print the line and exit
+  -h, --help               this text
+
+Everything after `--` is appended to train.py's flags verbatim.
+Ctrl-C / SIGTERM are forwarded to the whole process group of the run, so no worker is left behind.
+
+Test hook: PICONEOX_FAKE_GPUS=N pretends N CUDA GPUs are visible (to check GPU lines on a CPU box).
+EOF
+}
+
+die() { echo "error: $*" >&2; exit 2; }
+
+# A non-negative integer, or die naming the flag.
+need_int() {
+  [[ "$2" =~ ^[0-9]+$ ]] || die "$1 '$2' is not a whole number >= 0"
+}
+
+ROOT=$(dirname "$0")
+PY=python3
+[ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"
+
+gpus="" procs="" machines="" rank="" ip="" port="" acc_config="" mp="" dry_run=0
+train_args=()
+while [ $# -gt 0 ]; do
+  opt=$1
+  case "$opt" in
+    -h|--help) usage; exit 0 ;;
+    --dry-run) dry_run=1; shift; continue ;;
+    --no-background-upload) train_args+=(--no-background-upload); shift; continue ;;
+    --) shift; break ;;
+    --config|--gpus|--procs|--resume|--max-steps|--mixed-precision|--data|--num-machines|--machine-rank|\
+    --main-process-ip|--main-process-port|--accelerate-config)
+      [ $# -ge 2 ] && [[ "$2" != --* ]] || die "$opt needs a value (see --help)" ;;
+    *) die "unknown option '$opt' (see --help)" ;;
+  esac
+  val=$2
+  case "$opt" in
+    --config|--resume|--max-steps|--data) train_args+=("$opt" "$val") ;;
+    --mixed-precision)
+      [[ "$val" =~ ^(no|fp16|bf16)$ ]] || die "--mixed-precision '$val' is not allowed (allowed: no, fp16, bf16)"
+      mp=$val; train_args+=(--mixed-precision "$val") ;;
+    --gpus) need_int "$opt" "$val"; gpus=$val ;;
+    --procs) need_int "$opt" "$val"; [ "$val" -ge 1 ] || die "--procs '$val' must be >= 1"; procs=$val ;;
+    --num-machines) need_int "$opt" "$val"; [ "$val" -ge 1 ] || die "--num-machines '$val' must be >= 1"; machines=$val ;;
+    --machine-rank) need_int "$opt" "$val"; rank=$val ;;
+    --main-process-port)
+      need_int "$opt" "$val"; [ "$val" -ge 1 ] && [ "$val" -le 65535 ] || die "--main-process-port '$val' must be 1..65535"
+      port=$val ;;
+    --main-process-ip) ip=$val ;;
+    --accelerate-config) [ -f "$val" ] || die "--accelerate-config '$val' does not exist"; acc_config=$val ;;
+  esac
+  shift 2
+done
+extra_args=("$@")
+[[ " ${train_args[*]} " == *" --config "* ]] || die "missing --config NAME (see --help)"
+
+# How many CUDA GPUs this machine shows: nvidia-smi -L, narrowed by CUDA_VISIBLE_DEVICES.
+visible_gpus() {
+  if [ -n "${PICONEOX_FAKE_GPUS+x}" ]; then
+    [[ "$PICONEOX_FAKE_GPUS" =~ ^[0-9]+$ ]] || die "PICONEOX_FAKE_GPUS '$PICONEOX_FAKE_GPUS' is not a whole number >= 0"
+    echo "$PICONEOX_FAKE_GPUS"; return
+  fi
+  local n=0
+  command -v nvidia-smi >/dev/null && n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+    local ids=${CUDA_VISIBLE_DEVICES//,/ } listed
+    listed=$(wc -w <<<"$ids")
+    [[ "$CUDA_VISIBLE_DEVICES" == -1* ]] && listed=0
+    [ "$listed" -lt "$n" ] && n=$listed
+  fi
+  echo "$n"
+}
+
+present=$(visible_gpus)
+[ -z "$gpus" ] && gpus=$present
+if [ "$gpus" -gt 0 ] && [ "$present" -eq 0 ]; then
+  echo "note: --gpus $gpus asked but no CUDA GPU is visible; running on CPU" >&2
+  gpus=0
+fi
+[ "$gpus" -le "$present" ] || die "--gpus $gpus asked but only $present CUDA GPU(s) are visible"
+[ "$gpus" -gt 0 ] && [ -n "$procs" ] && [ "$procs" -ne 1 ] \
+  && die "--procs $procs is for CPU runs (--gpus 0); on GPUs there is one process per GPU"
+
+machines=${machines:-1}
+if [ "$machines" -gt 1 ]; then
+  [ -n "$ip" ] || die "--num-machines $machines needs --main-process-ip (the address of machine rank 0)"
+  [ -n "$rank" ] || die "--num-machines $machines needs --machine-rank (0..$((machines - 1)))"
+  [ "$rank" -lt "$machines" ] || die "--machine-rank $rank is out of range for --num-machines $machines (allowed 0..$((machines - 1)))"
+  port=${port:-29500}
+else
+  [ -z "$rank$ip" ] || die "--machine-rank/--main-process-ip need --num-machines > 1"
+fi
+
+per_machine=$gpus
+[ "$gpus" -eq 0 ] && per_machine=${procs:-1}
+total=$((per_machine * machines))
+
+envs=()
+launch=(--num_processes "$total" --num_machines "$machines")
+[ -n "$acc_config" ] && launch=(--config_file "$acc_config" "${launch[@]}")
+if [ "$gpus" -eq 0 ]; then
+  # CPU: OMP threads = cores / processes unless the user chose. `--cpu --num_processes N` would start ONE
+  # process (STACK_NOTES.md); N gloo ranks need --multi_gpu plus ACCELERATE_USE_CPU=true.
+  cores=$(nproc 2>/dev/null || echo 1)
+  threads=${OMP_NUM_THREADS:-$(( cores / per_machine > 0 ? cores / per_machine : 1 ))}
+  envs+=("OMP_NUM_THREADS=$threads")
+  mp=${mp:-no}
+  if [ "$total" -gt 1 ]; then
+    envs=(ACCELERATE_USE_CPU=true "${envs[@]}")
+    [ -z "$acc_config" ] && launch=(--multi_gpu "${launch[@]}")
+  else
+    launch+=(--cpu)
+  fi
+elif [ "$total" -gt 1 ] && [ -z "$acc_config" ]; then
+  launch=(--multi_gpu "${launch[@]}")
+fi
+[ -n "$mp" ] && launch+=(--mixed_precision "$mp")
+# train.py compiles the model itself after prepare(); accelerate must not compile it a second time.
+launch+=(--dynamo_backend no)
+[ "$machines" -gt 1 ] && launch+=(--machine_rank "$rank" --main_process_ip "$ip")
+[ -n "$port" ] && launch+=(--main_process_port "$port")
+
+cmd=("$PY" -m accelerate.commands.launch "${launch[@]}" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}")
+line=$(printf '%q ' "${envs[@]}" "${cmd[@]}")
+echo "${line% }"
+[ "$dry_run" -eq 1 ] && exit 0
+
+# Run as a child in its own process group and forward Ctrl-C/SIGTERM to the whole group: accelerate
+# (#929) leaves its workers running when only the launcher is signalled.
+set -m
+env "${envs[@]}" "${cmd[@]}" &
+child=$!
+forward() { kill -s "$1" -- "-$child" 2>/dev/null || true; }
+trap 'forward INT' INT
+trap 'forward TERM' TERM
+status=0
+while true; do
+  wait "$child" && status=0 || status=$?
+  kill -0 "$child" 2>/dev/null || break  # wait also returns when a trapped signal arrives
+done
+exit "$status"

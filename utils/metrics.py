@@ -1,0 +1,268 @@
+"""What a run reports: log file, TensorBoard scalars, history.json, loss plot, progress bar, FLOPs/MFU, GPU stats.
+
+Only the main process writes anything; on other ranks every writer is a no-op, so the training loop can
+call them unconditionally.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from utils.atomic import atomic_write, atomic_write_json
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+
+
+class _TqdmHandler(logging.StreamHandler):
+    """Console handler that prints above an active tqdm bar instead of through it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
+def setup_logging(log_file: Path, is_main: bool) -> logging.Logger:
+    """The "piconeox" logger: console + `log_file` (appended) on the main process, warnings-only console elsewhere.
+
+    Calling it again replaces the handlers (one run per process, but tests call it repeatedly).
+    """
+    logger = logging.getLogger("piconeox")
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+    logger.propagate = False
+    formatter = logging.Formatter(LOG_FORMAT)
+    console = _TqdmHandler()
+    console.setFormatter(formatter)
+    logger.addHandler(console)
+    if is_main:
+        log_file = Path(log_file)
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        file_handler = logging.FileHandler(log_file, encoding="utf-8")
+        file_handler.setFormatter(formatter)
+        logger.addHandler(file_handler)
+        logger.setLevel(logging.INFO)
+    else:
+        logger.setLevel(logging.WARNING)
+    return logger
+
+
+class MetricsWriter:
+    """TensorBoard scalars plus an in-memory history that becomes history.json and a loss plot.
+
+    The history is progress: `state_dict()` goes into checkpoints, and after `load_state_dict()` the
+    TensorBoard writer purges events past the restored history (those of the interrupted run).
+    """
+
+    def __init__(self, log_dir: Path, is_main: bool):
+        self.log_dir = Path(log_dir)
+        self.is_main = is_main
+        self.history: list[dict[str, float]] = []
+        self._tb = None  # created on first write so a resume can set purge_step first
+        self._purge_step: int | None = None
+
+    def scalars(self, step: int, values: dict[str, float | None]) -> None:
+        """Record `values` at `step`; None means "not measured" and is skipped."""
+        if not self.is_main:
+            return
+        kept = {k: float(v) for k, v in values.items() if v is not None}
+        if not kept:
+            return
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.log_dir), purge_step=self._purge_step)
+        for key, value in kept.items():
+            self._tb.add_scalar(key, value, step)
+        self.history.append({"step": int(step), **kept})
+
+    def save_history(self, path: Path) -> None:
+        """Write the history as JSON (a list of {"step": ..., "<key>": value}) atomically."""
+        if self.is_main:
+            atomic_write_json(path, self.history)
+
+    def plot(self, path: Path) -> None:
+        """Write a PNG of train and val loss against step (matplotlib's Agg canvas, no display needed)."""
+        if not self.is_main:
+            return
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(8, 5), dpi=100)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        for key, style in (("train/loss", "-"), ("val/loss", "o-")):
+            points = [(h["step"], h[key]) for h in self.history if key in h]
+            if points:
+                steps, losses = zip(*points)
+                ax.plot(steps, losses, style, label=key, markersize=3)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+        with atomic_write(path, "wb") as f:
+            fig.savefig(f, format="png")
+
+    def state_dict(self) -> dict:
+        return {"history": [dict(h) for h in self.history]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = [dict(h) for h in state["history"]]
+        if self.history:
+            self._purge_step = self.history[-1]["step"] + 1
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+class ProgressBar:
+    """A tqdm bar over optimizer steps (rate and ETA from tqdm) with loss, average loss, lr and tok/s."""
+
+    _NAMES = {"avg_loss": "avg", "tok_s": "tok/s"}
+
+    def __init__(self, total_steps: int, initial_step: int, is_main: bool):
+        self._bar = tqdm(total=total_steps, initial=initial_step, disable=not is_main, unit="step",
+                         dynamic_ncols=True, desc="train")
+
+    def update(self, n: int = 1, **postfix: float | None) -> None:
+        """Advance `n` steps; postfix keys like loss=, avg_loss=, lr=, tok_s= (None shows n/a)."""
+        if postfix:
+            self._bar.set_postfix_str(", ".join(f"{self._NAMES.get(k, k)}={_fmt(k, v)}" for k, v in postfix.items()),
+                                      refresh=False)
+        self._bar.update(n)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _fmt(key: str, value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if key == "lr":
+        return f"{value:.2e}"
+    if key == "tok_s":
+        return f"{value:,.0f}"
+    return f"{value:.4f}"
+
+
+def matmul_params(model_cfg) -> int:
+    """Parameters that do multiply-adds for every token in a GPT-NeoX of this shape (configs.model.ModelConfig).
+
+    = all decoder layers (QKV, attention output, both MLP matrices, their biases, both LayerNorms), the
+    final LayerNorm, and the output projection (lm_head, vocab x hidden: a real matmul even when tied).
+    The input embedding is a table lookup with no FLOPs and is left out. This is Kaplan et al.'s
+    "non-embedding" N plus lm_head, as nanoGPT's MFU counts it.
+    """
+    h, i, v = model_cfg.hidden_size, model_cfg.intermediate_size, model_cfg.vocab_size
+    per_layer = (
+        h * 3 * h + 3 * h  # query_key_value
+        + h * h + h  # attention dense
+        + h * i + i  # dense_h_to_4h
+        + i * h + h  # dense_4h_to_h
+        + 2 * 2 * h  # input_layernorm, post_attention_layernorm (weight + bias)
+    )
+    return model_cfg.num_layers * per_layer + 2 * h + v * h
+
+
+def model_flops_per_token(model_cfg, seq_len: int) -> float:
+    """Training FLOPs per token: 6N + 12 * L * d_model * T.
+
+    From PaLM (Chowdhery et al. 2022, appendix B; as in Chinchilla, Hoffmann et al. 2022): forward 2N
+    plus backward 4N for the weight matmuls, with N = `matmul_params` (see there which N), plus
+    12 * layers * (heads * head_dim = d_model) * seq_len for the attention score and value matmuls
+    (the full T x T, causal masking not subtracted, as PaLM counts it). Activation recomputation is
+    not counted: this is model FLOPs, not hardware FLOPs.
+    """
+    n = matmul_params(model_cfg)
+    return 6.0 * n + 12.0 * model_cfg.num_layers * model_cfg.hidden_size * seq_len
+
+
+# Dense (no sparsity) 16-bit tensor-core peak per device, FLOP/s, from NVIDIA datasheets; bf16 and fp16
+# are equal on these parts. First match wins, so the more specific names come first.
+PEAK_FLOPS: list[tuple[str, str, float]] = [
+    # (regex on torch.cuda.get_device_name(), label, peak)
+    (r"\bB200\b", "B200", 2250e12),
+    (r"\bH200 NVL\b", "H200 NVL", 835e12),
+    (r"\bH200\b", "H200 SXM", 989e12),
+    (r"\bH100 NVL\b", "H100 NVL", 835e12),
+    (r"\bH100 PCIe\b", "H100 PCIe", 756e12),
+    (r"\bH100\b", "H100 SXM", 989e12),
+    (r"\bA100\b", "A100", 312e12),
+    (r"\bL40S\b", "L40S", 362e12),
+    (r"\bL40\b", "L40", 181e12),
+    (r"\bL4\b", "L4", 121e12),
+    # A10G is an AWS part without a public NVIDIA datasheet: the A10 figure is an upper bound, so its
+    # MFU is a lower bound.
+    (r"\bA10G?\b", "A10/A10G", 125e12),
+    (r"RTX 4090", "RTX 4090", 165e12),  # fp32 accumulate (330 with fp16 accumulate)
+    (r"RTX 3090", "RTX 3090", 71e12),  # fp32 accumulate
+    (r"\bV100\b", "V100", 125e12),  # fp16 only; SXM2 figure (PCIe: 112)
+    (r"\bT4\b", "T4", 65e12),  # fp16 only
+]
+NO_BF16 = ("V100", "T4")  # pre-Ampere: no bf16 tensor cores
+
+
+def peak_flops(device_name: str | None, precision: str) -> float | None:
+    """Peak dense FLOP/s of one device for `precision` ("bf16", "fp16" or "no"), or None when unknown.
+
+    None for: no device name (CPU), a device not in PEAK_FLOPS, bf16 on a device without bf16 tensor
+    cores, and fp32 ("no"), where the tensor-core peak would not be a fair denominator.
+    """
+    if not device_name or precision not in ("bf16", "fp16"):
+        return None
+    for pattern, label, peak in PEAK_FLOPS:
+        if re.search(pattern, device_name):
+            return None if precision == "bf16" and label in NO_BF16 else peak
+    return None
+
+
+def mfu(tokens_per_s_per_device: float, flops_per_token: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation in [0, 1]: achieved model FLOP/s of one device over its peak (None if unknown)."""
+    if not peak or tokens_per_s_per_device is None:
+        return None
+    return tokens_per_s_per_device * flops_per_token / peak
+
+
+_nvml_handle = None
+
+
+def gpu_stats() -> dict[str, float | None]:
+    """Utilisation (%) and used memory (GB) of this process's CUDA device via nvidia-ml-py; None without CUDA."""
+    global _nvml_handle
+    stats: dict[str, float | None] = {"gpu/util_pct": None, "gpu/mem_gb": None}
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return stats
+        import pynvml
+
+        if _nvml_handle is None:
+            pynvml.nvmlInit()
+            _nvml_handle = _nvml_device(pynvml, torch.cuda.current_device())
+        stats["gpu/util_pct"] = float(pynvml.nvmlDeviceGetUtilizationRates(_nvml_handle).gpu)
+        stats["gpu/mem_gb"] = pynvml.nvmlDeviceGetMemoryInfo(_nvml_handle).used / 1e9
+    except Exception:  # no driver, no pynvml, a restricted container: metrics are optional
+        pass
+    return stats
+
+
+def _nvml_device(pynvml, cuda_index: int):
+    """NVML numbers devices physically; CUDA_VISIBLE_DEVICES renumbers them. Match by PCI bus id."""
+    import torch
+
+    props = torch.cuda.get_device_properties(cuda_index)
+    bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    try:
+        return pynvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
+    except pynvml.NVMLError:
+        return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)

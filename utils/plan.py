@@ -1,0 +1,166 @@
+"""A run's plan before any work: parameters, batch, tokens, FLOPs, and memory per GPU under DDP and FSDP.
+
+The model is built on PyTorch's meta device (shapes only, no storage), so the 1.2B preset plans in
+seconds on a laptop. Memory is an estimate of the big terms, in bytes per GPU:
+
+- weights, gradients and AdamW states are fp32 (mixed precision autocasts the compute, the master
+  weights stay fp32): 4 + 4 + 8 bytes per parameter. DDP keeps all of them on every GPU; FSDP full
+  shard keeps 1/world of each, plus the unsharded working set in the compute dtype: the root module
+  (embeddings, final norm, lm_head: FSDP keeps the root gathered) and two decoder layers (the current
+  one and the prefetched next).
+- activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+  Models", section 4.1: s*b*h*(34 + 5*a*s/h) bytes per layer with 16-bit activations. Our models run
+  SDPA (flash / memory-efficient kernels) that never store the a*s*s score matrices, so the 5*a*s/h
+  term is dropped: 34*s*b*h per layer (34 includes dropout masks: an upper bound at dropout 0). With
+  activation checkpointing of every layer only its 2*s*b*h input is kept, plus one layer's full
+  activations while it is recomputed. The logits add s*b*V*(2 + 4 + 4) bytes: 16-bit logits, their
+  fp32 upcast for the loss, and the saved log-softmax. fp32 training doubles the activation bytes.
+- not counted: CUDA context and kernels (~0.5-1 GB), allocator fragmentation, DDP's gradient buckets
+  (up to the gradient size again unless gradient_as_bucket_view), communication buffers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from configs.model import build_model, count_parameters
+from configs.presets import RunConfig
+from utils.errors import PiconeoxError
+from utils.metrics import model_flops_per_token
+
+MIB, GIB = 1024**2, 1024**3
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per GPU for one sharding strategy (see the module docstring for the formulas)."""
+
+    weights: int
+    grads: int
+    optimizer: int
+    activations: int
+    """Without activation checkpointing."""
+    activations_checkpointed: int
+    """With every decoder layer checkpointed."""
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.grads + self.optimizer + self.activations
+
+    @property
+    def total_checkpointed(self) -> int:
+        return self.weights + self.grads + self.optimizer + self.activations_checkpointed
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run will do and roughly what it needs, before it does anything."""
+
+    preset: str
+    gpus: int
+    """GPUs in the whole job (0 = a CPU run, planned as one process)."""
+    vocab_size: int
+    parameters: int
+    """Unique parameters (tied embeddings counted once)."""
+    layer_parameters: int
+    """Parameters of one decoder layer (an FSDP unit)."""
+    seq_len: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    batch_tokens: int
+    """Tokens per optimizer step: micro batch x accumulation x processes x sequence length."""
+    steps: int
+    total_tokens: int
+    flops_per_token: float
+    """Training model FLOPs per token (utils.metrics.model_flops_per_token)."""
+    ddp: MemoryEstimate
+    fsdp: MemoryEstimate
+
+    @property
+    def total_flops(self) -> float:
+        return self.flops_per_token * self.total_tokens
+
+
+def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None) -> Plan:
+    """Plan `run_cfg` on `gpus` GPUs in total (0: CPU, one process).
+
+    The vocab comes from `tokenizer_vocab` (the prepared dataset's tokenizer) when given, else the
+    model's own vocab_size, else the preset's tokenizer_vocab, else 256 (byte/char tokenizers).
+    """
+    if not isinstance(gpus, int) or gpus < 0:
+        raise PiconeoxError(f"--gpus {gpus!r}: must be a whole number >= 0")
+    import torch
+
+    model_cfg, train = run_cfg.model, run_cfg.train
+    vocab = tokenizer_vocab or model_cfg.vocab_size or train.tokenizer_vocab or 256
+    model_cfg = model_cfg.with_vocab(vocab)
+    with torch.device("meta"):  # shapes only: no weight is allocated
+        model = build_model(model_cfg)
+    parameters = count_parameters(model)
+    layer = sum(p.numel() for p in model.gpt_neox.layers[0].parameters())
+    root = parameters - model_cfg.num_layers * layer
+
+    world = max(gpus, 1)
+    s, b, h, L, V = train.seq_len, train.micro_batch_size, model_cfg.hidden_size, model_cfg.num_layers, model_cfg.vocab_size
+    batch_tokens = b * train.grad_accum_steps * world * s
+    half = train.mixed_precision in ("fp16", "bf16")
+    act_scale = 1 if half else 2  # Korthikanti's byte counts assume 16-bit activations
+    compute_bytes = 2 if half else 4
+    layer_act = 34 * s * b * h * act_scale
+    logits = s * b * V * (10 if half else 8)
+    activations = L * layer_act + logits
+    activations_ckpt = L * 2 * s * b * h * act_scale + layer_act + logits
+
+    def estimate(shards: int, gathered: int) -> MemoryEstimate:
+        return MemoryEstimate(
+            weights=4 * parameters // shards + gathered,
+            grads=4 * parameters // shards,
+            optimizer=8 * parameters // shards,
+            activations=activations,
+            activations_checkpointed=activations_ckpt,
+        )
+
+    return Plan(
+        preset=run_cfg.preset,
+        gpus=gpus,
+        vocab_size=V,
+        parameters=parameters,
+        layer_parameters=layer,
+        seq_len=s,
+        micro_batch_size=b,
+        grad_accum_steps=train.grad_accum_steps,
+        batch_tokens=batch_tokens,
+        steps=train.max_steps,
+        total_tokens=batch_tokens * train.max_steps,
+        flops_per_token=model_flops_per_token(model_cfg, s),
+        ddp=estimate(1, 0),
+        fsdp=estimate(world, compute_bytes * (root + 2 * layer)),
+    )
+
+
+def format_plan(p: Plan) -> str:
+    """A human-readable table of the plan."""
+    where = f"{p.gpus} GPU(s)" if p.gpus else "CPU (1 process)"
+    lines = [
+        f"plan for preset '{p.preset}' on {where}",
+        f"  parameters        {p.parameters:,} (one decoder layer: {p.layer_parameters:,}; vocab {p.vocab_size:,})",
+        f"  batch             {p.micro_batch_size} seqs x {p.seq_len} tokens x {p.grad_accum_steps} accum x "
+        f"{max(p.gpus, 1)} procs = {p.batch_tokens:,} tokens/step",
+        f"  steps             {p.steps:,}",
+        f"  tokens in total   {p.total_tokens:,} ({p.total_tokens / p.parameters:.1f} per parameter)",
+        f"  training FLOPs    {p.flops_per_token:.3e} per token, {p.total_flops:.3e} in total",
+    ]
+    unit, size = ("GiB", GIB) if p.ddp.total >= GIB else ("MiB", MIB)
+    lines += ["", f"  memory per GPU ({unit}){'DDP':>18} {'FSDP':>10}"]
+    rows = [
+        ("weights (fp32 master)", "weights"),
+        ("gradients (fp32)", "grads"),
+        ("AdamW states (fp32)", "optimizer"),
+        ("activations", "activations"),
+        ("  with act. checkpointing", "activations_checkpointed"),
+        ("total", "total"),
+        ("  with act. checkpointing", "total_checkpointed"),
+    ]
+    for label, attr in rows:
+        lines.append(f"  {label:<28} {getattr(p.ddp, attr) / size:>10.2f} {getattr(p.fsdp, attr) / size:>10.2f}")
+    lines.append("  (estimates: see utils/plan.py; add ~1 GiB for the CUDA context and allocator slack)")
+    return "\n".join(lines)
