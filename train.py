@@ -149,6 +149,7 @@ def train(args) -> int:
         return 0
 
     import torch
+    import transformers
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
@@ -162,6 +163,7 @@ def train(args) -> int:
     from utils.tokenizers import load_tokenizer
 
     tc = cfg.train
+    transformers.utils.logging.disable_progress_bar()  # save_pretrained's shard bar would break our own bar
     cuda = torch.cuda.is_available()
     if tc.mixed_precision == "fp16" and not cuda:
         raise PiconeoxError("--mixed-precision fp16 needs a CUDA GPU; on CPU use bf16 or no")
@@ -199,9 +201,7 @@ def train(args) -> int:
         diff = next(k for k in saved if saved[k] != cfg.model.to_dict().get(k))
         raise PiconeoxError(f"--resume {resume_from}: checkpoint has model.{diff}={saved[diff]!r}, this run has {cfg.model.to_dict()[diff]!r}")
 
-    model = build_model(cfg.model)
-    if resume_from:
-        ckpt.load_weights(model, resume_from)
+    model = ckpt.load_model(resume_from) if resume_from else build_model(cfg.model)
     if tc.activation_checkpointing:
         model.gradient_checkpointing_enable()
     n_params = count_parameters(model)
@@ -223,6 +223,7 @@ def train(args) -> int:
         ckpt.set_rng_state(resumed["rng"])
         train_loader.load_state_dict(resumed["loader"])
         state.load_state_dict(resumed["trainer"])
+        metrics.load_state_dict(resumed["metrics"])
         log.info(f"resumed from {resume_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
     if state.step >= tc.max_steps:
         raise PiconeoxError(f"--max-steps {tc.max_steps}: the resumed run is already at step {state.step}; raise --max-steps")
@@ -231,7 +232,7 @@ def train(args) -> int:
         if is_main:
             unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
             snap = ckpt.capture(state.step, unwrapped, optimizer, scheduler, accelerator.scaler, train_loader,
-                                state, cfg.to_dict(), tokenizer)
+                                state, metrics, cfg.to_dict(), tokenizer)
             ckpt.write(snap, folder, weights_only)
             log.info(f"saved checkpoint {folder}")
         accelerator.wait_for_everyone()
@@ -269,7 +270,7 @@ def train(args) -> int:
         state.train_seconds += dt
         losses.append(loss)
         lr = scheduler.get_last_lr()[0]
-        bar.update(1, loss=loss, avg=sum(losses[-100:]) / len(losses[-100:]), lr=lr, tok_s=tokens_per_step / dt)
+        bar.update(1, loss=loss, avg_loss=sum(losses[-100:]) / len(losses[-100:]), lr=lr, tok_s=tokens_per_step / dt)
         if state.step % tc.log_every == 0 or state.step == tc.max_steps:
             metrics.scalars(state.step, {"train/loss": loss, "train/lr": lr, "train/grad_norm": float(grad_norm),
                                          "train/tokens_per_s": tokens_per_step / dt, "train/step_time_s": dt, **gpu_stats()})

@@ -4,7 +4,7 @@ Layout of `checkpoints/<run>/step-00000100/` (also `best/` and `final/`):
   config.json + model.safetensors   save_pretrained: AutoModelForCausalLM.from_pretrained loads the folder
   tokenizer.json + tokenizer_config.json   AutoTokenizer.from_pretrained loads the folder
   optimizer.pt, scheduler.pt, scaler.pt (fp16 only), rng.pt
-  loader.json, trainer.json, run_config.json
+  loader.json, trainer.json, metrics.json (the loss history), run_config.json
   COMPLETE                           JSON {step, files: {name: size}}; written last
 A folder counts only when COMPLETE exists and every file it lists has the recorded size.
 
@@ -74,11 +74,12 @@ class Snapshot:
     rng: dict
     loader: dict
     trainer: dict
+    metrics: dict
     run_config: dict
     tokenizer: object  # a PreTrainedTokenizerFast
 
 
-def capture(step, model, optimizer, scheduler, scaler, loader, trainer, run_config, tokenizer) -> Snapshot:
+def capture(step, model, optimizer, scheduler, scaler, loader, trainer, metrics, run_config, tokenizer) -> Snapshot:
     """Copy the training state off the device; the training loop may continue right after."""
     return Snapshot(
         step=step,
@@ -90,6 +91,7 @@ def capture(step, model, optimizer, scheduler, scaler, loader, trainer, run_conf
         rng=rng_state(),
         loader=loader.state_dict(),
         trainer=trainer.state_dict(),
+        metrics=metrics.state_dict(),
         run_config=run_config,
         tokenizer=tokenizer,
     )
@@ -111,6 +113,7 @@ def write(snap: Snapshot, folder: Path, weights_only: bool = False) -> Path:
                     torch.save(obj, f)
     atomic_write_json(tmp / "loader.json", snap.loader)
     atomic_write_json(tmp / "trainer.json", snap.trainer)
+    atomic_write_json(tmp / "metrics.json", snap.metrics)
     atomic_write_json(tmp / "run_config.json", snap.run_config)
     files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
     atomic_write_json(tmp / MARKER, {"step": snap.step, "files": files})
@@ -215,21 +218,15 @@ def load(folder: Path) -> dict:
     """The non-model parts of a checkpoint (weights load through from_pretrained / safetensors)."""
     folder = Path(folder)
     out = {name[:-5]: json.loads((folder / name).read_text())
-           for name in ("loader.json", "trainer.json", "run_config.json")}
+           for name in ("loader.json", "trainer.json", "metrics.json", "run_config.json")}
     for name in ("optimizer", "scheduler", "rng", "scaler"):
         path = folder / f"{name}.pt"
         out[name] = torch.load(path, map_location="cpu", weights_only=False) if path.exists() else None
     return out
 
 
-def load_weights(model, folder: Path) -> None:
-    """Load model.safetensors into `model` strictly (tied weights are restored by tie_weights)."""
-    from safetensors.torch import load_file
+def load_model(folder: Path):
+    """The checkpoint's model in float32 through from_pretrained (which maps saved names such as embed_out)."""
+    from transformers import GPTNeoXForCausalLM
 
-    state = load_file(str(Path(folder) / "model.safetensors"))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = set(getattr(model, "_tied_weights_keys", None) or {})
-    missing = [k for k in missing if k not in tied]
-    if missing or unexpected:
-        raise PiconeoxError(f"{folder}: weights do not match this model (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    model.tie_weights()
+    return GPTNeoXForCausalLM.from_pretrained(Path(folder), dtype=torch.float32, attn_implementation="sdpa")

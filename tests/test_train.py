@@ -1,0 +1,183 @@
+"""train.py end to end on CPU: learning, exact resume, checkpoints, limits and bad input."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+from utils import checkpoint as ckpt
+
+TINY = ["--config", "test", "--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
+        "model.num_heads=4", "--set", "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4",
+        "--log-every", "1", "--warmup-steps", "2", "--lr", "3e-3"]
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """5% of the built-in demo corpus, byte tokenizer (vocab 256)."""
+    from prepare_data import prepare
+
+    return prepare(["demo"], name="demo-byte-p5", out_dir=tmp_path_factory.mktemp("data"), tokenizer="byte",
+                   dataset_percent=5)
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Each in-process run builds its own Accelerator."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def run(tmp_path, data, *extra, name="run"):
+    """Run train.py in-process; return (exit code, per-step train losses, run dir)."""
+    code = train.main([*TINY, "--data", str(data), "--output-dir", str(tmp_path / "ckpt"), "--log-dir",
+                       str(tmp_path / "logs"), "--run-name", name, *extra])
+    history = tmp_path / "logs" / name / "history.json"
+    losses = []
+    if history.exists():
+        losses = [r["train/loss"] for r in json.loads(history.read_text()) if "train/loss" in r]
+    return code, losses, tmp_path / "ckpt" / name
+
+
+def test_loss_falls_and_outputs_exist(tmp_path, tiny_data):
+    code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "30", "--eval-every", "10", "--save-every", "10")
+    assert code == 0 and len(losses) == 30
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
+    logs = tmp_path / "logs" / "run"
+    assert (logs / "training.log").read_text().count("perplexity") == 3
+    assert any(p.name.startswith("events.out.tfevents") for p in logs.rglob("*"))
+    assert (logs / "loss.png").stat().st_size > 1000
+    assert [s for s, _ in ckpt.step_folders(run_dir)] == [10, 20, 30]
+    for folder in ("best", "final", "step-00000030"):
+        assert ckpt.check_complete(run_dir / folder) is None
+
+
+def test_resume_gives_the_losses_of_an_uninterrupted_run(tmp_path, tiny_data):
+    """20 steps straight vs the same run stopped after its step-10 checkpoint and resumed: identical losses."""
+    common = ("--max-steps", "20", "--save-every", "10", "--eval-every", "5")
+    _, straight, _ = run(tmp_path / "a", tiny_data, *common)
+    _, _, run_dir = run(tmp_path / "b", tiny_data, *common)
+    for folder in ("step-00000020", "final", "best"):  # as if it had died right after saving step 10
+        ckpt.shutil.rmtree(run_dir / folder, ignore_errors=True)
+    code, resumed, _ = run(tmp_path / "b", tiny_data, *common, "--resume", "auto")
+    assert code == 0 and len(straight) == 20
+    assert len(resumed) == 20  # history.json keeps steps 1-10 and appends the resumed 11-20
+    assert max(abs(a - b) for a, b in zip(resumed, straight)) < 1e-6
+
+
+def test_best_and_final_load_with_auto_classes_and_generate(tmp_path, tiny_data):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from utils.generate import main as generate_main, sample_text
+
+    _, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "10", "--eval-every", "5")
+    for folder in ("best", "final"):
+        model = AutoModelForCausalLM.from_pretrained(run_dir / folder)
+        tok = AutoTokenizer.from_pretrained(run_dir / folder)
+        text = sample_text(model, tok, "Once upon a time", max_new_tokens=20, seed=1)
+        assert text.startswith("Once upon a time") and len(text) > len("Once upon a time")
+    assert (run_dir / "final" / "optimizer.pt").exists() and not (run_dir / "best" / "optimizer.pt").exists()
+    assert generate_main([str(run_dir / "final"), "--eval-data", str(tiny_data), "--eval-batches", "2"]) == 0
+
+
+def test_checkpoint_of_compiled_model_loads_into_plain_model(tmp_path, tiny_data):
+    from accelerate import Accelerator
+
+    from configs.model import MODEL_PRESETS, build_model
+    from utils.loader import BlockLoader
+    from utils.metrics import MetricsWriter
+    from utils.optim import build_optimizer, build_scheduler
+    from utils.tokenizers import load_tokenizer
+
+    cfg = MODEL_PRESETS["rp2040-speed"]
+    accelerator = Accelerator(cpu=True)
+    model = build_model(cfg)
+    model, optimizer = accelerator.prepare(model, build_optimizer(model, 1e-3, 0.1, (0.9, 0.95)))
+    compiled = torch.compile(model, backend="eager")  # the real inductor costs ~1 min on CPU; the wrapper is the same
+    unwrapped = accelerator.unwrap_model(compiled, keep_torch_compile=False)
+    loader = BlockLoader(tiny_data, "train", 16, 2)
+    snap = ckpt.capture(1, unwrapped, optimizer, build_scheduler(optimizer, 1, 10, 0.1), None, loader,
+                        train.TrainerState(), MetricsWriter(tmp_path, True), {}, load_tokenizer(tiny_data))
+    folder = ckpt.write(snap, tmp_path / "step-00000001")
+    from safetensors.torch import load_file
+
+    assert not [k for k in load_file(folder / "model.safetensors") if "_orig_mod" in k]
+    plain = ckpt.load_model(folder)
+    assert type(plain).__name__ == "GPTNeoXForCausalLM"
+    assert torch.equal(plain.gpt_neox.embed_in.weight, unwrapped.gpt_neox.embed_in.weight)
+
+
+def test_time_limit_saves_and_exits_zero(tmp_path, tiny_data):
+    code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "100000", "--max-training-hours", "0.0003")
+    assert code == 0 and 0 < len(losses) < 100000
+    assert ckpt.check_complete(run_dir / "final") is None
+    assert "time limit of 0.0003 h reached" in (tmp_path / "logs" / "run" / "training.log").read_text()
+
+
+def test_early_stopping(tmp_path, tiny_data):
+    # An lr of 1e-12 cannot move float32 weights, so the val loss never improves after the first eval.
+    code, losses, _ = run(tmp_path, tiny_data, "--max-steps", "50", "--eval-every", "2", "--patience", "2",
+                          "--lr", "1e-12")
+    assert code == 0 and len(losses) == 6
+    assert "early stopping" in (tmp_path / "logs" / "run" / "training.log").read_text()
+
+
+def test_batch_8_equals_batch_4_with_accumulation_2(tmp_path, tiny_data):
+    _, big, _ = run(tmp_path / "a", tiny_data, "--max-steps", "6", "--batch-size", "8")
+    _, accum, _ = run(tmp_path / "b", tiny_data, "--max-steps", "6", "--batch-size", "4", "--grad-accum", "2")
+    assert max(abs(a - b) for a, b in zip(big, accum)) < 1e-4
+
+
+def test_lr_schedule_at_known_steps(tmp_path, tiny_data):
+    from utils.optim import warmup_cosine
+
+    f = warmup_cosine(warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(60) == pytest.approx(0.55) and f(110) == pytest.approx(0.1) and f(500) == pytest.approx(0.1)
+    run(tmp_path, tiny_data, "--max-steps", "8", "--warmup-steps", "4", "--lr", "1e-3")
+    history = json.loads((tmp_path / "logs" / "run" / "history.json").read_text())
+    lrs = [r["train/lr"] for r in history if "train/lr" in r]
+    # the lr logged after optimizer step s is the one the next step uses: factor(s)
+    assert lrs[:4] == pytest.approx([1e-3 * f for f in (0.5, 0.75, 1.0, 1.0)])
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--config", "nope"], "unknown preset 'nope'; valid presets: rp2040-speed"),
+    (["--max-steps", "-3"], "train.max_steps=-3: must be a positive integer"),
+    (["--set", "train.nope=1"], "unknown train setting 'nope'"),
+    (["--resume", "/nonexistent/run"], "--resume /nonexistent/run: no such checkpoint or run directory"),
+    (["--mixed-precision", "fp16"], "fp16 needs a CUDA GPU"),
+])
+def test_bad_input_is_one_line(tmp_path, tiny_data, capsys, extra, message):
+    code, _, _ = run(tmp_path, tiny_data, "--max-steps", "2", *extra)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and err.startswith("error: ") and "Traceback" not in err
+
+
+def test_bad_data_and_resume_targets(tmp_path, tiny_data, capsys):
+    assert run(tmp_path, tmp_path / "missing")[0] == 2
+    assert "no such directory" in capsys.readouterr().err
+    # byte tokenizer (256) into a model whose vocab is set below it
+    assert run(tmp_path, tiny_data, "--max-steps", "2", "--set", "model.vocab_size=100")[0] == 2
+    assert "model.vocab_size=100 is smaller than the dataset tokenizer's 256" in capsys.readouterr().err
+    _, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "2", "--save-every", "2")
+    (run_dir / "step-00000002" / ckpt.MARKER).unlink()
+    assert run(tmp_path, tiny_data, "--max-steps", "4", "--resume", str(run_dir / "step-00000002"))[0] == 2
+    assert "has no COMPLETE marker" in capsys.readouterr().err
+    assert run(tmp_path, tiny_data, "--max-steps", "4", "--resume", str(run_dir / "final"),
+               "--set", "model.intermediate_size=96")[0] == 2
+    assert "checkpoint has model.intermediate_size=64, this run has 96" in capsys.readouterr().err
+
+
+def test_nan_loss_stops_and_names_the_step(tmp_path, tiny_data, capsys):
+    code, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "30", "--save-every", "1", "--lr", "1e30",
+                           "--warmup-steps", "0", "--set", "train.grad_clip=1e30")
+    err = capsys.readouterr().err
+    assert code == 2 and "at step" in err and "stopped without saving" in err
+    assert ckpt.latest_complete(run_dir) is not None  # the last good checkpoint is kept
+    assert not (run_dir / "final").exists()
