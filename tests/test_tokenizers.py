@@ -43,6 +43,11 @@ def test_bpe_trains_to_the_asked_vocab_and_round_trips(shared_data):
     assert tokenizer_kind(tok) == "bpe"
 
 
+def test_bpe_refuses_a_vocab_the_text_cannot_fill():
+    with pytest.raises(PiconeoxError, match="--vocab-size 5000 is more than this text supports"):
+        build_tokenizer("bpe", ["a short text"], 5000)
+
+
 def test_bpe_at_the_minimum_vocab_has_bytes_plus_eot():
     tok = build_tokenizer("bpe", ["some text to train on"], 257)
     assert tok.get_vocab_size() == 257
@@ -50,7 +55,7 @@ def test_bpe_at_the_minimum_vocab_has_bytes_plus_eot():
 
 
 @pytest.mark.parametrize("kind, vocab, allowed", [
-    ("bpe", 256, "257..65535"), ("bpe", 65_536, "257..65535"), ("bpe", None, "257..65535"),
+    ("bpe", 256, "257..65535"), ("bpe", 65_536, "257..65535"), ("bpe", None, "required for bpe: give 257..65535"),
     ("byte", 512, "always 256"), ("char", 100, "distinct characters"), ("word", None, "char, byte, bpe")])
 def test_impossible_tokenizer_requests_are_refused_with_what_is_allowed(kind, vocab, allowed):
     with pytest.raises(PiconeoxError, match=allowed) as e:
@@ -58,7 +63,7 @@ def test_impossible_tokenizer_requests_are_refused_with_what_is_allowed(kind, vo
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("kind, vocab", [("char", None), ("byte", None), ("bpe", 300)])
+@pytest.mark.parametrize("kind, vocab", [("char", None), ("byte", None), ("bpe", 290)])
 def test_saved_tokenizer_loads_in_transformers_with_eos_pad_and_exact_decode(tmp_path, kind, vocab):
     tok = build_tokenizer(kind, [TRICKY], vocab)
     save_tokenizer(tok, tmp_path / "tokenizer.json")

@@ -34,7 +34,9 @@ def check_vocab_size(kind: str, vocab_size: int | None) -> None:
     """Refuse a tokenizer kind or vocab size that cannot be built, with one line saying what is allowed."""
     if kind not in KINDS:
         raise PiconeoxError(f"--tokenizer {kind!r} is not one of {', '.join(KINDS)}")
-    if kind == "bpe" and (vocab_size is None or not BPE_MIN_VOCAB <= vocab_size <= BPE_MAX_VOCAB):
+    if kind == "bpe" and vocab_size is None:
+        raise PiconeoxError(f"--vocab-size is required for bpe: give {BPE_MIN_VOCAB}..{BPE_MAX_VOCAB}")
+    if kind == "bpe" and not BPE_MIN_VOCAB <= vocab_size <= BPE_MAX_VOCAB:
         raise PiconeoxError(f"--vocab-size {vocab_size} is out of range for bpe: "
                             f"give {BPE_MIN_VOCAB}..{BPE_MAX_VOCAB}")
     if kind == "byte" and vocab_size not in (None, 256):
@@ -84,6 +86,9 @@ def _bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT],
                                   initial_alphabet=ByteLevel.alphabet(), show_progress=True)
     tok.train_from_iterator(texts, trainer=trainer)
+    if tok.get_vocab_size() < vocab_size:  # the text ran out of pairs to merge
+        raise PiconeoxError(f"--vocab-size {vocab_size} is more than this text supports: BPE found only "
+                            f"{tok.get_vocab_size()} tokens; give at most that or more text")
     return tok
 
 
