@@ -203,7 +203,7 @@ def train(args) -> int:
 
     model = ckpt.load_model(resume_from) if resume_from else build_model(cfg.model)
     if tc.activation_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
     n_params = count_parameters(model)
     log.info(f"run {run}: preset {cfg.preset}, {n_params:,} parameters, data {data_dir} "
              f"(vocab {train_loader.vocab_size}, {train_loader.tokens_per_epoch:,} train tokens), "
