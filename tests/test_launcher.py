@@ -1,0 +1,205 @@
+"""start_training.sh: the accelerate line it builds (checked with accelerate's own parser), bad input,
+and real launches through accelerate with a stand-in train.py (process count, signal forwarding)."""
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LAUNCHER = REPO / "start_training.sh"
+
+
+def dry_run(*args: str, fake_gpus: int | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PICONEOX_FAKE_GPUS")}
+    if fake_gpus is not None:
+        env["PICONEOX_FAKE_GPUS"] = str(fake_gpus)
+    return subprocess.run(["bash", str(LAUNCHER), "--dry-run", *args], capture_output=True, text=True, env=env,
+                          timeout=30)
+
+
+def parse_line(line: str):
+    """Split the printed line into env assignments, accelerate's args (parsed by accelerate) and train.py's args."""
+    words = shlex.split(line)
+    envs = {}
+    while "=" in words[0]:
+        key, _, value = words.pop(0).partition("=")
+        envs[key] = value
+    assert words[1:3] == ["-m", "accelerate.commands.launch"], line
+    script = next(i for i, w in enumerate(words) if w.endswith("train.py"))
+    from accelerate.commands.launch import launch_command_parser
+
+    launch = launch_command_parser().parse_args(words[3:script + 1])
+    return envs, launch, words[script + 1:]
+
+
+def launched(*args: str, fake_gpus: int | None = None):
+    result = dry_run(*args, fake_gpus=fake_gpus)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1, result.stdout
+    return parse_line(lines[0])
+
+
+def test_gpus_0_is_one_cpu_process_with_all_cores():
+    envs, launch, train = launched("--config", "test", "--gpus", "0")
+    assert launch.cpu and not launch.multi_gpu
+    assert (launch.num_processes, launch.num_machines) == (1, 1)
+    assert (launch.mixed_precision, launch.dynamo_backend) == ("no", "no")
+    assert envs == {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}  # all cores, as nproc counts them
+    assert train == ["--config", "test"]
+
+
+def test_procs_2_uses_the_gloo_recipe_not_cpu_flag():
+    # `--cpu --num_processes 2` silently starts one process (STACK_NOTES.md)
+    envs, launch, _ = launched("--config", "test", "--gpus", "0", "--procs", "2")
+    assert launch.multi_gpu and not launch.cpu and launch.num_processes == 2
+    assert envs["ACCELERATE_USE_CPU"] == "true"
+    assert envs["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 2))
+
+
+def test_no_cuda_visible_falls_back_to_cpu_with_a_note():
+    result = dry_run("--config", "test", "--gpus", "1", fake_gpus=0)
+    assert result.returncode == 0
+    assert "no CUDA GPU is visible" in result.stderr
+    assert parse_line(result.stdout.strip())[1].cpu
+
+
+def test_gpus_1_is_a_single_gpu_process():
+    envs, launch, _ = launched("--config", "small", "--gpus", "1", fake_gpus=8)
+    assert not launch.cpu and not launch.multi_gpu and launch.num_processes == 1
+    assert "ACCELERATE_USE_CPU" not in envs and "OMP_NUM_THREADS" not in envs
+
+
+def test_gpus_8_is_ddp_with_mixed_precision_on_both_sides():
+    _, launch, train = launched("--config", "production", "--gpus", "8", "--mixed-precision", "bf16", fake_gpus=8)
+    assert launch.multi_gpu and launch.num_processes == 8 and launch.num_machines == 1
+    assert launch.mixed_precision == "bf16"
+    assert train == ["--config", "production", "--mixed-precision", "bf16"]
+
+
+def test_train_flags_map_in_order_and_extras_pass_verbatim():
+    _, _, train = launched("--config", "test", "--gpus", "0", "--resume", "auto", "--max-steps", "5",
+                           "--data", "gs://b/data/x", "--no-background-upload", "--", "--compile", "off", "--x=a b")
+    assert train == ["--config", "test", "--resume", "auto", "--max-steps", "5", "--data", "gs://b/data/x",
+                     "--no-background-upload", "--compile", "off", "--x=a b"]
+
+
+def test_multi_node_flags_pass_through_and_count_all_processes():
+    _, launch, _ = launched("--config", "production", "--gpus", "8", "--num-machines", "2", "--machine-rank", "1",
+                            "--main-process-ip", "10.1.2.3", "--main-process-port", "1234", fake_gpus=8)
+    assert launch.multi_gpu and launch.num_processes == 16 and launch.num_machines == 2
+    assert (launch.machine_rank, launch.main_process_ip, launch.main_process_port) == (1, "10.1.2.3", 1234)
+
+
+def test_accelerate_config_file_decides_the_distributed_type():
+    from accelerate.commands.launch import _validate_launch_command
+
+    cfg = "configs/accelerate/fsdp_production.yaml"
+    _, launch, _ = launched("--config", "production", "--gpus", "4", "--accelerate-config", str(REPO / cfg),
+                            fake_gpus=8)
+    assert launch.config_file == str(REPO / cfg) and not launch.multi_gpu and launch.num_processes == 4
+    launch, _, _ = _validate_launch_command(launch)  # what `accelerate launch` does with the file
+    assert launch.use_fsdp and launch.num_processes == 4 and launch.fsdp_version == 2
+
+
+@pytest.mark.parametrize("args, fake, message", [
+    (["--config", "test", "--bogus"], None, "unknown option '--bogus'"),
+    (["--config"], None, "--config needs a value"),
+    (["--gpus", "1"], None, "missing --config"),
+    (["--config", "test", "--gpus", "two"], None, "--gpus 'two' is not a whole number"),
+    (["--config", "p", "--gpus", "9"], 8, "--gpus 9 asked but only 8 CUDA GPU(s) are visible"),
+    (["--config", "test", "--mixed-precision", "fp8"], None, "allowed: no, fp16, bf16"),
+    (["--config", "test", "--procs", "0"], None, "--procs '0' must be >= 1"),
+    (["--config", "p", "--gpus", "2", "--procs", "2"], 8, "--procs 2 is for CPU runs"),
+    (["--config", "p", "--num-machines", "2", "--machine-rank", "0"], 8, "needs --main-process-ip"),
+    (["--config", "p", "--num-machines", "2", "--machine-rank", "2", "--main-process-ip", "h"], 8, "out of range"),
+    (["--config", "p", "--machine-rank", "1"], 8, "need --num-machines > 1"),
+    (["--config", "p", "--accelerate-config", "nope.yaml"], None, "'nope.yaml' does not exist"),
+    (["--config", "p"], "x", "PICONEOX_FAKE_GPUS 'x'"),
+])
+def test_bad_input_is_one_error_line_and_exit_2(args, fake, message):
+    result = dry_run(*args, fake_gpus=fake)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert message in result.stderr
+
+
+def test_help_documents_flags_and_the_fake_gpu_hook():
+    result = subprocess.run(["bash", str(LAUNCHER), "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    for flag in ("--procs", "--num-machines", "--accelerate-config", "--dry-run", "PICONEOX_FAKE_GPUS"):
+        assert flag in result.stdout
+
+
+# Real launches: a copy of the launcher next to a stand-in train.py, run by the real venv and accelerate.
+STAND_IN = """
+import os, signal, sys, time
+out = sys.argv[sys.argv.index("--out") + 1]
+rank = os.environ.get("RANK", "0")
+def stop(signum, frame):
+    open(os.path.join(out, f"signal-{rank}"), "w").write(str(signum))
+    sys.exit(3)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+if "--distributed" in sys.argv:
+    from accelerate import Accelerator
+    acc = Accelerator()
+    import torch
+    total = acc.reduce(torch.ones(1), reduction="sum").item()  # fails unless both ranks joined one group
+    info = f"{acc.process_index} {acc.num_processes} {acc.device.type} {total:g} {os.environ['OMP_NUM_THREADS']}"
+    open(os.path.join(out, f"rank-{acc.process_index}"), "w").write(info)
+else:
+    open(os.path.join(out, f"pid-{rank}"), "w").write(str(os.getpid()))
+    time.sleep(60)
+"""
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+    """A launcher copy whose train.py is the stand-in; .venv links to the repo's."""
+    (tmp_path / "start_training.sh").write_text(LAUNCHER.read_text())
+    (tmp_path / "train.py").write_text(STAND_IN)
+    (tmp_path / ".venv").symlink_to(REPO / ".venv")
+    (tmp_path / "out").mkdir()
+    return tmp_path
+
+
+def start(sandbox, *args, extra=()):
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PICONEOX_FAKE_GPUS")}
+    env["PICONEOX_FAKE_GPUS"] = "0"
+    return subprocess.Popen(["bash", str(sandbox / "start_training.sh"), "--config", "test", *args, "--",
+                             "--out", str(sandbox / "out"), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def test_procs_2_really_starts_two_ranks_in_one_process_group(sandbox):
+    proc = start(sandbox, "--gpus", "0", "--procs", "2", extra=["--distributed"])
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    ranks = sorted((sandbox / "out").glob("rank-*"))
+    assert [r.read_text() for r in ranks] == ["0 2 cpu 2 1", "1 2 cpu 2 1"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_reaches_the_training_process_and_its_exit_code_returns(sandbox, sig):
+    proc = start(sandbox, "--gpus", "0")
+    pid_file = sandbox / "out" / "pid-0"
+    deadline = time.time() + 60
+    while not pid_file.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert pid_file.exists(), proc.stderr.read() if proc.poll() is not None else "train.py never started"
+    trainer_pid = int(pid_file.read_text())
+    proc.send_signal(sig)
+    proc.communicate(timeout=30)
+    assert (sandbox / "out" / "signal-0").read_text() == str(int(sig))
+    assert proc.returncode != 0
+    with pytest.raises(ProcessLookupError):  # no orphan left behind (accelerate #929)
+        for _ in range(50):
+            os.kill(trainer_pid, 0)
+            time.sleep(0.1)
