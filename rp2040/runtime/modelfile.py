@@ -1,0 +1,122 @@
+"""Reader of model.bin (spec: rp2040/FORMAT.md; the only writer is rp2040/export.py).
+
+The file is a 64-byte header, then section P (float32: norms, biases and, for int8, one scale per
+matrix row), then section W (the matrices, float32 or int8), then a CRC-32 of everything before it.
+This module decodes the header, computes where every tensor sits, and reads sections into buffers
+the caller allocated (so the caller controls allocation order).
+"""
+import struct
+
+try:
+    from binascii import crc32
+except ImportError:  # a build without binascii.crc32 cannot verify the checksum
+    crc32 = None
+
+MAGIC = b"PNXM"
+VERSION = 1
+HEADER_SIZE = 64
+# magic, version, dtype, flags, vocab, hidden, layers, heads, intermediate, context, rotary dims,
+# P floats, W bytes, norm eps, rotary base; the rest of the 64 bytes is reserved (zero).
+HEADER_FORMAT = "<4sHBB9Iff"
+DTYPE_F32 = 0
+DTYPE_INT8 = 1
+DTYPE_NAMES = ("f32", "int8")
+FLAG_TIED = 1
+FLAG_PARALLEL_RESIDUAL = 2
+
+
+class FormatError(ValueError):
+    """model.bin is not a valid file of this format version."""
+
+
+class Header:
+    """The fixed 64-byte header of model.bin, decoded and checked."""
+
+    def __init__(self, raw):
+        if len(raw) < HEADER_SIZE or bytes(raw[:4]) != MAGIC:
+            raise FormatError("not a piconeox model.bin (bad magic)")
+        (_, self.version, self.dtype, flags, self.vocab, self.hidden, self.layers, self.heads,
+         self.inter, self.context, self.rotary_dims, self.n_params, self.weight_bytes,
+         self.norm_eps, self.rotary_base) = struct.unpack_from(HEADER_FORMAT, raw, 0)
+        if self.version != VERSION:
+            raise FormatError("model.bin is version %d; this runtime reads version %d" % (self.version, VERSION))
+        if self.dtype not in (DTYPE_F32, DTYPE_INT8):
+            raise FormatError("model.bin dtype %d is unknown (0 = f32, 1 = int8)" % self.dtype)
+        self.tied = bool(flags & FLAG_TIED)
+        self.parallel_residual = bool(flags & FLAG_PARALLEL_RESIDUAL)
+        self.int8 = self.dtype == DTYPE_INT8
+        self.head_dim = self.hidden // self.heads
+        self.typecode = "b" if self.int8 else "f"
+        self.itemsize = 1 if self.int8 else 4
+
+
+class Layout:
+    """Offsets of every tensor, in elements: float32 elements of P and weight elements of W."""
+
+    def __init__(self, h):
+        d, n, v, layers = h.hidden, h.inter, h.vocab, h.layers
+        # P per layer: ln1.w ln1.b ln2.w ln2.b qkv.b[3d] dense.b[d] fc_in.b[n] fc_out.b[d]
+        self.ln1_w, self.ln1_b, self.ln2_w, self.ln2_b = 0, d, 2 * d, 3 * d
+        self.qkv_b, self.dense_b, self.fc_in_b, self.fc_out_b = 4 * d, 7 * d, 8 * d, 8 * d + n
+        self.p_layer = 9 * d + n
+        self.final_ln_w = layers * self.p_layer
+        self.final_ln_b = self.final_ln_w + d
+        # int8 only, after the final norm: one scale per matrix row, matrices in W order.
+        self.scales = self.final_ln_b + d
+        self.s_embed = self.scales
+        self.s_layer = 5 * d + n  # qkv 3d rows, dense d, fc_in n, fc_out d
+        self.s_layers0 = self.s_embed + v
+        self.s_head = self.s_layers0 + layers * self.s_layer if not h.tied else self.s_embed
+        n_params = self.scales
+        if h.int8:
+            n_params += v + layers * self.s_layer + (0 if h.tied else v)
+        self.n_params = n_params
+        # W: embedding [v x d]; per layer qkv [3d x d] dense [d x d] fc_in [n x d] fc_out [d x n]; head.
+        self.qkv, self.dense, self.fc_in, self.fc_out = 0, 3 * d * d, 4 * d * d, 4 * d * d + n * d
+        self.w_layer = 4 * d * d + 2 * n * d
+        self.w_layers0 = v * d
+        self.w_head = self.w_layers0 + layers * self.w_layer
+        self.n_weights = self.w_head + (0 if h.tied else v * d)
+        if self.n_params != h.n_params or self.n_weights * h.itemsize != h.weight_bytes:
+            raise FormatError("model.bin header sizes do not match its shape (corrupt or foreign file)")
+        self.p_offset = HEADER_SIZE  # byte offsets in the file
+        self.w_offset = HEADER_SIZE + 4 * self.n_params
+        self.end = self.w_offset + h.weight_bytes
+        self.crc_offset = (self.end + 3) & ~3
+
+
+def read_header(f):
+    """Decode the header of an open model.bin and return (Header, Layout)."""
+    f.seek(0)
+    h = Header(f.read(HEADER_SIZE))
+    return h, Layout(h)
+
+
+def read_into(f, offset, buf, nbytes):
+    """Fill `buf` (an array or memoryview slice holding `nbytes` bytes) from the file at `offset`."""
+    f.seek(offset)
+    if f.readinto(buf) != nbytes:
+        raise FormatError("model.bin is truncated")
+
+
+def verify_checksum(f, layout):
+    """Check the trailing CRC-32, streaming the file through a small buffer.
+
+    Returns False when this MicroPython build has no binascii.crc32 (nothing was checked).
+    """
+    if crc32 is None:
+        return False
+    buf = bytearray(256)
+    mv = memoryview(buf)
+    f.seek(0)
+    crc, left = 0, layout.crc_offset
+    while left:
+        n = f.readinto(mv[:min(left, 256)])
+        if not n:
+            raise FormatError("model.bin is truncated")
+        crc = crc32(mv[:n], crc)
+        left -= n
+    stored = struct.unpack("<I", f.read(4))[0]
+    if (crc & 0xFFFFFFFF) != stored:
+        raise FormatError("model.bin checksum mismatch (file corrupt or partly copied)")
+    return True
