@@ -94,8 +94,9 @@ def _parents(dirs: list[str]) -> list[str]:
 
 def _mkdirs(dirs: list[str]) -> str:
     """One line of MicroPython that creates the missing ones of `dirs` (parents listed first)."""
-    return (f"import os; [os.mkdir(d) for d in {tuple(dirs)!r} "
-            "if d.rsplit('/', 1)[1] not in os.listdir(d.rsplit('/', 1)[0] or '/')]")
+    names = ", ".join(f'"{d}"' for d in dirs)
+    return (f"import os; [os.mkdir(d) for d in ({names},) "
+            'if d.rsplit("/", 1)[1] not in os.listdir(d.rsplit("/", 1)[0] or "/")]')
 
 
 def board_files(model_dir: Path, mpy: bool, build_dir: Path, prompt: str | None) -> dict[str, Path]:
