@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from utils.errors import PiconeoxError
@@ -35,6 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     # Shortcuts for the most used train.* settings (same as --set train.KEY=VALUE).
     for flag, key in SHORTCUTS.items():
         p.add_argument(flag, dest=key, default=None, help=f"= --set train.{key}=VALUE")
+    p.epilog = "--batch-size auto: the largest micro batch whose forward/backward fits on the GPU (CUDA only)."
     return p.parse_args(argv)
 
 
@@ -55,7 +56,7 @@ def overrides_from_args(args) -> dict[str, str]:
             raise PiconeoxError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=100")
         out[key.strip()] = value
     for key in SHORTCUTS.values():
-        if getattr(args, key) is not None:
+        if getattr(args, key) is not None and not (key == "micro_batch_size" and args.micro_batch_size == "auto"):
             out[f"train.{key}"] = getattr(args, key)
     if args.data is not None:
         out["train.data"] = args.data
@@ -138,6 +139,25 @@ def lm_loss(model, x, y):
     return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
 
 
+def find_micro_batch(model, seq_len: int, accelerator, start: int = 256) -> int:
+    """The largest micro batch (halving from `start` on out-of-memory) whose forward/backward fits.
+
+    The probe runs before the optimizer allocates its AdamW states, so leave headroom on tight GPUs.
+    """
+    import torch
+    from accelerate.utils import find_executable_batch_size
+
+    @find_executable_batch_size(starting_batch_size=start)
+    def probe(batch_size: int) -> int:
+        x = torch.zeros(batch_size, seq_len, dtype=torch.long, device=accelerator.device)
+        with accelerator.autocast():
+            lm_loss(model, x, x).backward()
+        model.zero_grad(set_to_none=True)
+        return batch_size
+
+    return probe()
+
+
 def train(args) -> int:
     from configs.presets import resolve_config
 
@@ -158,7 +178,7 @@ def train(args) -> int:
     from utils import checkpoint as ckpt
     from utils.generate import sample_text
     from utils.loader import BlockLoader
-    from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, setup_logging
+    from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
     from utils.tokenizers import load_tokenizer
 
@@ -175,8 +195,12 @@ def train(args) -> int:
     data_dir = prepare_data_dir(tc, accelerator)
     tokenizer = load_tokenizer(data_dir)
     rank, world = accelerator.process_index, accelerator.num_processes
-    train_loader = BlockLoader(data_dir, "train", tc.seq_len, tc.micro_batch_size, seed=tc.seed, rank=rank, world_size=world)
-    val_loader = BlockLoader(data_dir, "val", tc.seq_len, tc.micro_batch_size, seed=tc.seed, rank=rank, world_size=world, shuffle=False)
+
+    def make_loaders(micro_batch: int):
+        return (BlockLoader(data_dir, "train", tc.seq_len, micro_batch, seed=tc.seed, rank=rank, world_size=world),
+                BlockLoader(data_dir, "val", tc.seq_len, micro_batch, seed=tc.seed, rank=rank, world_size=world, shuffle=False))
+
+    train_loader, val_loader = make_loaders(tc.micro_batch_size)
     cfg = RunConfig(cfg.preset, cfg.model.with_vocab(train_loader.vocab_size), tc).validate()
 
     run = args.run_name or f"{cfg.preset}-{data_dir.name}"
@@ -208,7 +232,15 @@ def train(args) -> int:
     log.info(f"run {run}: preset {cfg.preset}, {n_params:,} parameters, data {data_dir} "
              f"(vocab {train_loader.vocab_size}, {train_loader.tokens_per_epoch:,} train tokens), "
              f"{world} process(es) on {accelerator.device}, mixed precision {tc.mixed_precision}")
-    optimizer = build_optimizer(model.to(accelerator.device), tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
+    model.to(accelerator.device)
+    if args.micro_batch_size == "auto":
+        if cuda:
+            tc = replace(tc, micro_batch_size=find_micro_batch(model, tc.seq_len, accelerator))
+            train_loader, val_loader = make_loaders(tc.micro_batch_size)
+            cfg = replace(cfg, train=tc)
+        log.info(f"--batch-size auto: micro batch {tc.micro_batch_size}"
+                 + ("" if cuda else " (no CUDA: the preset's size; auto needs a GPU to measure)"))
+    optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
     scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
     model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
     if tc.compile == "on" or (tc.compile == "auto" and cuda):
@@ -238,6 +270,8 @@ def train(args) -> int:
         accelerator.wait_for_everyone()
 
     tokens_per_step = tc.micro_batch_size * tc.grad_accum_steps * world * tc.seq_len
+    flops_per_token = model_flops_per_token(cfg.model, tc.seq_len)
+    peak = peak_flops(torch.cuda.get_device_name() if cuda else None, tc.mixed_precision)
     deadline = time.time() + tc.max_training_hours * 3600 - state.train_seconds if tc.max_training_hours else math.inf
     batches = iter(train_loader)
     bar = ProgressBar(tc.max_steps, state.step, is_main)
@@ -270,10 +304,13 @@ def train(args) -> int:
         state.train_seconds += dt
         losses.append(loss)
         lr = scheduler.get_last_lr()[0]
-        bar.update(1, loss=loss, avg_loss=sum(losses[-100:]) / len(losses[-100:]), lr=lr, tok_s=tokens_per_step / dt)
+        tok_s = tokens_per_step / dt
+        bar.update(1, loss=loss, avg_loss=sum(losses[-100:]) / len(losses[-100:]), lr=lr, tok_s=tok_s)
         if state.step % tc.log_every == 0 or state.step == tc.max_steps:
-            metrics.scalars(state.step, {"train/loss": loss, "train/lr": lr, "train/grad_norm": float(grad_norm),
-                                         "train/tokens_per_s": tokens_per_step / dt, "train/step_time_s": dt, **gpu_stats()})
+            metrics.scalars(state.step, {
+                "train/loss": loss, "train/lr": lr, "train/grad_norm": float(grad_norm), "train/step_time_s": dt,
+                "train/tokens_per_s": tok_s, "train/tokens_per_s_per_device": tok_s / world,
+                "train/mfu": mfu(tok_s / world, flops_per_token, peak), **gpu_stats()})
             log.debug(f"step {state.step} loss {loss:.6f} lr {lr:.3e}")
 
         if state.step % tc.eval_every == 0 or state.step == tc.max_steps:
@@ -282,7 +319,9 @@ def train(args) -> int:
             improved = val < state.best_val_loss
             state.best_val_loss = min(val, state.best_val_loss)
             state.evals_without_improvement = 0 if improved else state.evals_without_improvement + 1
-            log.info(f"step {state.step}: train loss {loss:.4f}, val loss {val:.4f}, perplexity {math.exp(min(val, 50)):.2f}"
+            util = mfu(tok_s / world, flops_per_token, peak)
+            log.info(f"step {state.step}: train loss {loss:.4f}, val loss {val:.4f}, perplexity {math.exp(min(val, 50)):.2f}, "
+                     f"{tok_s:,.0f} tok/s ({tok_s / world:,.0f} per device), MFU {f'{util:.1%}' if util else 'n/a'}"
                      + (" (best)" if improved else f" ({state.evals_without_improvement} eval(s) without improvement)"))
             if improved:
                 save(run_dir / "best", weights_only=True)

@@ -26,3 +26,12 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real text not found at {SHARED_DATA} (see DEVELOPERS.md)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """5% of the built-in demo corpus with the byte tokenizer (vocab 256): data for training tests."""
+    from prepare_data import prepare
+
+    return prepare(["demo"], name="demo-byte-p5", out_dir=tmp_path_factory.mktemp("data"), tokenizer="byte",
+                   dataset_percent=5)

@@ -14,15 +14,6 @@ TINY = ["--config", "test", "--set", "model.num_layers=1", "--set", "model.hidde
         "--log-every", "1", "--warmup-steps", "2", "--lr", "3e-3"]
 
 
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory) -> Path:
-    """5% of the built-in demo corpus, byte tokenizer (vocab 256)."""
-    from prepare_data import prepare
-
-    return prepare(["demo"], name="demo-byte-p5", out_dir=tmp_path_factory.mktemp("data"), tokenizer="byte",
-                   dataset_percent=5)
-
-
 @pytest.fixture(autouse=True)
 def fresh_accelerate_state():
     """Each in-process run builds its own Accelerator."""

@@ -1,0 +1,79 @@
+"""Multi-process training on CPU (gloo DDP through `accelerate launch`), as on a multi-GPU box."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from utils import checkpoint as ckpt
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
+        "model.intermediate_size=64", "--seq-len", "32", "--log-every", "1", "--warmup-steps", "2",
+        "--lr", "3e-3", "--max-steps", "12", "--save-every", "6", "--eval-every", "6"]
+
+
+def launch(tmp_path, data, procs: int, micro_batch: int, *extra):
+    """./start_training.sh --gpus 0 --procs N; returns (per-step losses, completed process)."""
+    cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", str(procs), "--data", str(data), "--",
+           *TINY, "--batch-size", str(micro_batch), "--run-name", "run", "--output-dir", str(tmp_path / "ckpt"),
+           "--log-dir", str(tmp_path / "logs"), *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    history = json.loads((tmp_path / "logs" / "run" / "history.json").read_text())
+    return [r["train/loss"] for r in history if "train/loss" in r], proc
+
+
+def test_each_rank_joins_and_parameters_stay_identical(tmp_path):
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(REPO / "tests" / "ddp_probe.py")]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["world_size"] == 2
+    a, b = report["checksums"]
+    assert a == pytest.approx(b, abs=1e-9)
+
+
+@pytest.fixture(scope="module")
+def two_and_one(tmp_path_factory, tiny_data):
+    """The same global batch (8 blocks) as 2 processes x 4 and as 1 process x 8."""
+    two, one = tmp_path_factory.mktemp("two"), tmp_path_factory.mktemp("one")
+    losses2, proc2 = launch(two, tiny_data, 2, 4)
+    losses1, _ = launch(one, tiny_data, 1, 8)
+    return {"two": (two, losses2, proc2), "one": (one, losses1)}
+
+
+def test_two_processes_match_one_with_the_same_global_batch(two_and_one):
+    _, losses2, proc2 = two_and_one["two"]
+    _, losses1 = two_and_one["one"]
+    assert "--multi_gpu --num_processes 2" in proc2.stdout + proc2.stderr
+    assert len(losses2) == len(losses1) == 12
+    assert max(abs(a - b) for a, b in zip(losses2, losses1)) < 1e-4  # gloo all-reduce order vs one sum
+
+
+def test_only_the_main_process_writes(two_and_one):
+    two, _, proc2 = two_and_one["two"]
+    log = (two / "logs" / "run" / "training.log").read_text()
+    assert "2 process(es)" in log
+    assert log.count("step 6: train loss") == 1
+    assert len(list((two / "logs" / "run").glob("events.out.tfevents*"))) == 1
+    assert [s for s, _ in ckpt.step_folders(two / "ckpt" / "run")] == [6, 12]
+
+
+@pytest.mark.parametrize("first,then", [("two", 1), ("one", 2)])
+def test_resume_across_world_sizes_keeps_the_data_position(two_and_one, tiny_data, tmp_path, first, then):
+    """Resume a 2-process run on 1 process and a 1-process run on 2: same losses, same tokens seen."""
+    src = two_and_one[first][0] / "ckpt" / "run" / "step-00000006"
+    losses, _ = launch(tmp_path, tiny_data, then, 8 // then, "--resume", str(src))
+    straight = two_and_one[first][1]
+    assert len(losses) == 12  # steps 1-6 from the checkpoint's history, 7-12 resumed
+    assert max(abs(a - b) for a, b in zip(losses[6:], straight[6:])) < 1e-4
+    final = json.loads((tmp_path / "ckpt" / "run" / "final" / "trainer.json").read_text())
+    assert final["tokens_seen"] == 12 * 8 * 32
+    loader = json.loads((tmp_path / "ckpt" / "run" / "final" / "loader.json").read_text())
+    assert loader["blocks_consumed"] == 12 * 8 or loader["epoch"] > 0
