@@ -158,7 +158,10 @@ echo "${line% }"
 set -m
 env "${envs[@]}" "${cmd[@]}" &
 child=$!
-forward() { kill -s "$1" -- "-$child" 2>/dev/null || true; }
+forward() {
+  echo "start_training.sh: forwarding SIG$1 to the run (process group $child)" >&2
+  kill -s "$1" -- "-$child" 2>/dev/null || true
+}
 trap 'forward INT' INT
 trap 'forward TERM' TERM
 status=0
