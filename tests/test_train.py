@@ -172,3 +172,9 @@ def test_nan_loss_stops_and_names_the_step(tmp_path, tiny_data, capsys):
     assert code == 2 and "at step" in err and "stopped without saving" in err
     assert ckpt.latest_complete(run_dir) is not None  # the last good checkpoint is kept
     assert not (run_dir / "final").exists()
+
+
+def test_print_plan_for_production_on_8_gpus_allocates_nothing(capsys):
+    assert train.main(["--config", "production", "--print-plan", "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "1,414,647,808" in out and "524,288 tokens/step" in out and "FSDP" in out
