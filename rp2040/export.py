@@ -263,7 +263,9 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
     if not (src / "tokenizer.json").is_file():
         raise PiconeoxError(f"{src} has no tokenizer.json: the device needs it to encode and decode text")
     from transformers import GPTNeoXForCausalLM  # heavy: only once the arguments are known good
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a 1-second load needs no bar; stderr stays one line on error
     model = GPTNeoXForCausalLM.from_pretrained(src, dtype="float32")
     shape = Shape.from_hf(model.config)
     state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}

@@ -57,14 +57,13 @@ def find_port() -> str:
 
 
 def check_fits(files: dict[str, Path], free_bytes: int) -> None:
-    """Refuse, naming the file, when the files do not fit the board's free flash."""
-    total = 0
-    for dev, host in files.items():
-        size = host.stat().st_size
-        total += size
-        if total > free_bytes:
-            raise PiconeoxError(f"{host} ({size:,} bytes) does not fit: the board has {free_bytes:,} bytes of "
-                                f"free flash for {total:,} bytes of files so far; use --mpy or a smaller model")
+    """Refuse in one line, naming the largest file, when the files do not fit the board's free flash."""
+    sizes = {host: host.stat().st_size for host in files.values()}
+    total = sum(sizes.values())
+    if total > free_bytes:
+        largest = max(sizes, key=sizes.get)
+        raise PiconeoxError(f"{len(files)} files need {total:,} bytes but the board has {free_bytes:,} bytes of free "
+                            f"flash (largest: {largest.name}, {sizes[largest]:,} bytes); use --mpy or a smaller model")
 
 
 def plan(mpremote: str, port: str, files: dict[str, Path], start: bool) -> list[Step]:
