@@ -164,7 +164,8 @@ def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", t
             dataset_percent: float = 100.0, val_fraction: float = 0.1, seed: int = 0,
             retrain_tokenizer: bool = False, workers: int | None = None, errors: str = "strict") -> Path:
     """Build data/<name>/ from `inputs`; returns its path. Raises PiconeoxError on bad input."""
-    workers = os.cpu_count() or 1 if workers is None else workers
+    if workers is None:
+        workers = os.cpu_count() or 1
     _check_options(name, tokenizer, vocab_size, shard_tokens, dataset_percent, val_fraction, workers)
     sources = resolve_inputs(inputs, errors)
     selection = Selection(dataset_percent, val_fraction, seed)

@@ -15,16 +15,12 @@ from utils.tokenizers import EOT, load_tokenizer
 T = 16  # seq_len for the small dataset
 
 
-@pytest.fixture(scope="module")
-def small(tmp_path_factory):
+@pytest.fixture
+def small(tmp_path, shared_data):
     """40 KB of real Shakespeare, byte tokens, 3,000-token shards: blocks cross shards, epochs are short."""
-    from tests.conftest import SHARED_DATA
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"real text not found at {SHARED_DATA}")
-    tmp = tmp_path_factory.mktemp("small")
-    src = tmp / "src.txt"
-    src.write_text((SHARED_DATA / "tinyshakespeare" / "input.txt").read_text()[:40_000])
-    return prepare([str(src)], "small", tmp, "byte", shard_tokens=3000, val_fraction=0.1, workers=1)
+    src = tmp_path / "src.txt"
+    src.write_text((shared_data / "tinyshakespeare" / "input.txt").read_text()[:40_000])
+    return prepare([str(src)], "small", tmp_path, "byte", shard_tokens=3000, val_fraction=0.1, workers=1)
 
 
 def split_stream(data_dir, split):
@@ -168,9 +164,8 @@ def test_bad_loader_arguments_are_refused(small, kwargs, message):
         BlockLoader(small, **args)
 
 
-def test_opening_checks_the_files_and_batches_check_token_ids(tmp_path, small):
-    import shutil
-    data = shutil.copytree(small, tmp_path / "copy")
+def test_opening_checks_the_files_and_batches_check_token_ids(small):
+    data = small
     m = read_manifest(data)
     path = data / m.shards[0].name
     ids = np.load(path)

@@ -84,7 +84,7 @@ def _bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     tok.pre_tokenizer = ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT],
-                                  initial_alphabet=ByteLevel.alphabet(), show_progress=True)
+                                  initial_alphabet=ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     if tok.get_vocab_size() < vocab_size:  # the text ran out of pairs to merge
         raise PiconeoxError(f"--vocab-size {vocab_size} is more than this text supports: BPE found only "
@@ -148,7 +148,7 @@ def encode_documents(tok: Tokenizer, docs: list[str], dtype: np.dtype) -> np.nda
     """Token ids of `docs`, each followed by EOT, as one flat array of `dtype`."""
     eot = tok.token_to_id(EOT)
     ids: list[int] = []
-    for enc in tok.encode_batch(docs, add_special_tokens=False):
+    for enc in tok.encode_batch_fast(docs, add_special_tokens=False):  # no offsets: faster
         ids.extend(enc.ids)
         ids.append(eot)
     return np.asarray(ids, dtype=dtype)
