@@ -1,0 +1,44 @@
+"""Run an exported model on the host with the same runtime code the board runs.
+
+    python -m rp2040.run models/<name> --prompt "Once upon a time" [--max-new-tokens 64]
+        [--temperature 0.8] [--top-k 40] [--seed 0] [--stream]
+
+Defaults come from the model's config.json ("generation"), as on the board.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rp2040.bundle import model_files
+from rp2040.runtime.generate import run_session
+from rp2040.runtime.modelfile import FormatError
+from utils.errors import PiconeoxError
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rp2040.run", description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_dir", type=Path, help="an exported model, e.g. models/<name>")
+    ap.add_argument("--prompt", default="", help="text to continue (empty: start from end-of-text)")
+    ap.add_argument("--max-new-tokens", type=int)
+    ap.add_argument("--temperature", type=float, help="0 = greedy")
+    ap.add_argument("--top-k", type=int, help="0 = all tokens")
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--stream", action="store_true", help="read each layer from the file per token, as a board short of RAM does")
+    args = ap.parse_args(argv)
+    try:
+        model_files(args.model_dir)
+        if args.max_new_tokens is not None and args.max_new_tokens < 1:
+            raise PiconeoxError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
+        run_session(str(args.model_dir), args.prompt, args.max_new_tokens, args.temperature, args.top_k,
+                    args.seed, stream=True if args.stream else None,
+                    write=lambda s: print(s, end="", flush=True))
+    except (PiconeoxError, FormatError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
