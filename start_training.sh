@@ -23,9 +23,10 @@ Runs train.py under `accelerate launch` and prints the exact line first.
   --num-machines N         machines in the job (num_processes = gpus x machines)
   --machine-rank R         this machine's rank, 0..N-1 (needed with --num-machines > 1)
   --main-process-ip IP     address of rank 0 (needed with --num-machines > 1)
-  --main-process-port P    port on rank 0 (default 29500 with --num-machines > 1)
-  --accelerate-config F    an accelerate config file (see configs/accelerate/); its distributed
-                           type decides DDP or FSDP, the flags above override its counts
+  --main-process-port P    port on rank 0 (default 29500 with --num-machines > 1, a free one otherwise)
+  --accelerate-config F    an accelerate config file (see configs/accelerate/): its distributed type
+                           (DDP, FSDP) and options apply; process and machine counts, rank, address
+                           and port always come from the flags above
   --dry-run                print the line and exit
   -h, --help               this text
 
@@ -146,6 +147,8 @@ fi
 # train.py compiles the model itself after prepare(); accelerate must not compile it a second time.
 launch+=(--dynamo_backend no)
 [ "$machines" -gt 1 ] && launch+=(--machine_rank "$rank" --main_process_ip "$ip")
+# One machine: port 0 lets accelerate pick a free port, so two runs (or test suites) on one box never collide.
+[ -z "$port" ] && [ "$machines" -eq 1 ] && [ "$total" -gt 1 ] && port=0
 [ -n "$port" ] && launch+=(--main_process_port "$port")
 
 cmd=("$PY" -m accelerate.commands.launch "${launch[@]}" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}")

@@ -58,6 +58,7 @@ def test_procs_2_uses_the_gloo_recipe_not_cpu_flag():
     # `--cpu --num_processes 2` silently starts one process (STACK_NOTES.md)
     envs, launch, _ = launched("--config", "test", "--gpus", "0", "--procs", "2")
     assert launch.multi_gpu and not launch.cpu and launch.num_processes == 2
+    assert launch.main_process_port == 0  # accelerate picks a free port: concurrent runs do not collide
     assert envs["ACCELERATE_USE_CPU"] == "true"
     assert envs["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 2))
 
@@ -78,6 +79,7 @@ def test_gpus_1_is_a_single_gpu_process():
 def test_gpus_8_is_ddp_with_mixed_precision_on_both_sides():
     _, launch, train = launched("--config", "production", "--gpus", "8", "--mixed-precision", "bf16", fake_gpus=8)
     assert launch.multi_gpu and launch.num_processes == 8 and launch.num_machines == 1
+    assert launch.main_process_port == 0
     assert launch.mixed_precision == "bf16"
     assert train == ["--config", "production", "--mixed-precision", "bf16"]
 
@@ -154,6 +156,7 @@ if "--distributed" in sys.argv:
     total = acc.reduce(torch.ones(1), reduction="sum").item()  # fails unless both ranks joined one group
     info = f"{acc.process_index} {acc.num_processes} {acc.device.type} {total:g} {os.environ['OMP_NUM_THREADS']}"
     open(os.path.join(out, f"rank-{acc.process_index}"), "w").write(info)
+    acc.end_training()  # destroys the gloo group: exiting with it alive can abort a rank
 else:
     open(os.path.join(out, f"pid-{rank}"), "w").write(str(os.getpid()))
     time.sleep(60)
