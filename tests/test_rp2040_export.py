@@ -122,3 +122,15 @@ def test_config_json_is_what_main_py_reads(tmp_path):
     assert cfg["dtype"] == "int8" and cfg["tokenizer"]["kind"] == "byte"
     assert set(cfg["generation"]) == {"max_new_tokens", "temperature", "top_k", "seed"}
     assert cfg["files"]["model.bin"] == (tmp_path / "out" / "model.bin").stat().st_size
+
+
+def test_run_cli_generates_on_the_host(tmp_path):
+    export(_save(build_model(MODEL_PRESETS["rp2040-speed"]), tmp_path / "ckpt"), tmp_path / "m")
+    r = subprocess.run([sys.executable, "-m", "rp2040.run", tmp_path / "m", "--prompt", "Once upon",
+                        "--max-new-tokens", "5", "--temperature", "0"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Once upon") and r.stdout.rstrip().endswith("tokens/s]")
+    assert "[5 tokens," in r.stdout or "tokens," in r.stdout.splitlines()[-1]  # fewer if end-of-text came
+    missing = subprocess.run([sys.executable, "-m", "rp2040.run", tmp_path / "nope"], capture_output=True,
+                             text=True, cwd=REPO)
+    assert missing.returncode == 2 and missing.stderr.startswith(f"error: {tmp_path / 'nope'} is missing model.bin")

@@ -9,7 +9,7 @@ import math
 from array import array
 
 from . import kernels as K
-from .modelfile import HEADER_SIZE, read_header, read_into, verify_checksum
+from .modelfile import read_header, read_into, verify_checksum
 
 
 def plan_buffers(h, lay, stream):
