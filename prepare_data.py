@@ -30,7 +30,7 @@ from utils.tokenizers import (KINDS, TOKENIZER_FILE, build_tokenizer, check_voca
                               file_sha256, missing_chars, save_tokenizer, tokenizer_kind)
 
 DEFAULT_SHARD_TOKENS = 50_000_000  # 100 MB per uint16 shard
-BATCH_CHARS = 1 << 20  # text per encode task: large enough to amortise the hop to a worker
+BATCH_CHARS = 1 << 18  # text per encode task: big enough to amortise the hop to a worker, small enough to balance
 STAGING = ".staging"
 DOCUMENT_RULE = ("Documents: a file containing <|endoftext|> is split on it, any other file at blank "
                  "lines (one paragraph = one document); an hf row is one document. Documents are "
@@ -214,15 +214,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("inputs", nargs="*", default=["demo"], metavar="INPUT",
                    help=f"{INPUT_HELP} (default: demo, the built-in stories)")
     p.add_argument("--name", help="dataset name: output goes to OUT_DIR/NAME (default: demo for the demo input)")
-    p.add_argument("--out-dir", default="data")
-    p.add_argument("--tokenizer", choices=KINDS, default="byte")
+    p.add_argument("--out-dir", default="data", help="parent folder of the dataset (default: data)")
+    p.add_argument("--tokenizer", choices=KINDS, default="byte",
+                   help="char: one id per distinct character, plus <|endoftext|>; byte (default): 256 ids, "
+                        "id = byte value, 255 = <|endoftext|>; bpe: byte-level BPE with --vocab-size ids")
     p.add_argument("--vocab-size", type=int, help="bpe only: 257..65535")
-    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file")
+    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help=f"tokens per shard file (default: {DEFAULT_SHARD_TOKENS:,})")
     p.add_argument("--dataset-percent", type=float, default=100.0, help="keep this %% of documents (1..100)")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="fraction of documents for val (0 <= F < 1)")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="fraction of documents for val (0 <= F < 1, default: 0.1)")
     p.add_argument("--seed", type=int, default=0, help="fixes which documents are kept and which go to val")
     p.add_argument("--retrain-tokenizer", action="store_true", help="replace an existing tokenizer.json")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizer processes")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizer processes (default: all cores)")
     p.add_argument("--errors", choices=DECODE_ERRORS, default="strict",
                    help="undecodable (non UTF-8) bytes: strict stops with file and byte offset, "
                         "replace turns them into U+FFFD")
