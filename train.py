@@ -27,10 +27,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--run-name", help="run name (default: <preset>-<dataset>)")
     p.add_argument("--output-dir", default="checkpoints", help="root of checkpoints/<run>/ (default: checkpoints)")
     p.add_argument("--log-dir", default="logs", help="root of logs/<run>/ (default: logs)")
-    p.add_argument("--resume", help="`auto` (latest complete checkpoint of this run, if any) or a checkpoint/run path")
+    p.add_argument("--resume", help="`auto` (latest complete checkpoint of this run, local or in --checkpoint-bucket, "
+                   "if any), a checkpoint/run path, or gs://bucket/prefix/<run>[/step-XXXXXXXX]")
     p.add_argument("--print-plan", action="store_true", help="print parameters, batch, tokens and memory per GPU, then exit")
     p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan (default 1)")
-    p.add_argument("--no-background-upload", action="store_true", help="upload checkpoints synchronously")
+    p.add_argument("--no-background-upload", action="store_true", help="write and upload checkpoints synchronously")
+    p.add_argument("--checkpoint-bucket", metavar="URL", help="also upload checkpoints to URL/<run>/step-XXXXXXXX/ (gs://bucket/prefix or a directory)")
+    p.add_argument("--credentials", metavar="FILE", help="service-account JSON key for gs:// (default: GOOGLE_APPLICATION_CREDENTIALS or gcloud login)")
+    p.add_argument("--max-upload-failures", type=int, default=3, metavar="N", help="stop (exit 2) after N failed checkpoint saves/uploads in a row (default 3)")
+    p.add_argument("--grace-seconds", type=float, default=30.0, metavar="S", help="on SIGTERM/SIGINT: save, flush uploads and exit 0 within S seconds (default 30)")
     p.add_argument("--sample-prompt", default="Once upon a time", help="prompt for the text sample printed at the end")
     # Shortcuts for the most used train.* settings (same as --set train.KEY=VALUE).
     for flag, key in SHORTCUTS.items():
@@ -115,8 +120,11 @@ def prepare_data_dir(train_cfg, accelerator) -> Path:
     return out
 
 
-def evaluate(model, val_loader, num_batches: int, accelerator) -> float:
-    """Mean cross-entropy over the first `num_batches` validation batches, averaged over ranks."""
+def evaluate(model, val_loader, num_batches: int, accelerator, stop=None) -> float | None:
+    """Mean cross-entropy over the first `num_batches` validation batches, averaged over ranks.
+
+    `stop` (a StopRequest) is checked before every batch; None is returned when the ranks agreed to stop.
+    """
     import torch
 
     model.eval()
@@ -124,10 +132,14 @@ def evaluate(model, val_loader, num_batches: int, accelerator) -> float:
     count = 0
     with torch.no_grad():
         for x, y in val_loader.eval_batches(num_batches):
+            if stop is not None and stop.agreed(accelerator):
+                break
             with accelerator.autocast():
                 total += lm_loss(model, x.to(accelerator.device), y.to(accelerator.device))
             count += 1
     model.train()
+    if stop is not None and stop.stopping:
+        return None
     return accelerator.reduce(total / max(count, 1), "mean").item()
 
 
@@ -158,7 +170,8 @@ def find_micro_batch(model, seq_len: int, accelerator, start: int = 256) -> int:
     return probe()
 
 
-def train(args) -> int:
+def train(args, cleanup: contextlib.ExitStack) -> int:
+    """The run; `cleanup` closes the checkpoint uploader (a flush) and the signal handlers on every exit path."""
     from configs.presets import resolve_config
 
     cfg = resolve_config(args.config, args.config_file, overrides_from_args(args))
@@ -176,11 +189,15 @@ def train(args) -> int:
     from configs.model import build_model, count_parameters
     from configs.presets import RunConfig
     from utils import checkpoint as ckpt
+    from utils import remote_checkpoint as remote
     from utils.generate import sample_text
     from utils.loader import BlockLoader
     from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
+    from utils.preemption import StopRequest
+    from utils.storage import open_storage
     from utils.tokenizers import load_tokenizer
+    from utils.uploader import CheckpointUploader, SaveRequest, UploadFailed
 
     tc = cfg.train
     transformers.utils.logging.disable_progress_bar()  # save_pretrained's shard bar would break our own bar
@@ -211,14 +228,26 @@ def train(args) -> int:
     log = setup_logging(log_dir / "training.log", is_main)
     metrics = MetricsWriter(log_dir, is_main)
 
+    # Each storage call gives up within one grace period, so a dead bucket cannot hold a clean stop for long.
+    stop = StopRequest(args.grace_seconds)
+    bucket = None
+    if args.checkpoint_bucket:
+        bucket = open_storage(args.checkpoint_bucket, args.credentials, timeout_s=args.grace_seconds).child(run)
+    remote_cache = Path(args.output_dir) / ".remote-cache"
+
     # Resume target (decided before building anything heavy, so a bad path fails fast).
     resume_from = None
-    if args.resume == "auto":
-        resume_from = ckpt.latest_complete(run_dir, warn=log.warning)
-        if resume_from is None:
-            log.info(f"--resume auto: no complete checkpoint in {run_dir}; starting fresh")
-    elif args.resume:
-        resume_from = ckpt.resolve_resume(Path(args.resume), warn=log.warning)
+    with accelerator.local_main_process_first():  # one download per machine; the others find it verified
+        if args.resume == "auto":
+            resume_from = ckpt.latest_complete(run_dir, warn=log.warning)
+            if bucket is not None:  # a fresh machine after a preemption has only the bucket
+                resume_from = remote.newest(bucket, resume_from, remote_cache, warn=log.warning)
+            if resume_from is None:
+                log.info(f"--resume auto: no complete checkpoint in {run_dir}{f' or {bucket.url}' if bucket else ''}; starting fresh")
+        elif args.resume and args.resume.startswith("gs://"):
+            resume_from = remote.fetch_resume(args.resume, args.credentials, remote_cache, timeout_s=args.grace_seconds)
+        elif args.resume:
+            resume_from = ckpt.resolve_resume(Path(args.resume), warn=log.warning)
     resumed = ckpt.load(resume_from) if resume_from else None
     if resumed and resumed["run_config"]["model"] != cfg.model.to_dict():
         saved = resumed["run_config"]["model"]
@@ -260,14 +289,32 @@ def train(args) -> int:
     if state.step >= tc.max_steps:
         raise PiconeoxError(f"--max-steps {tc.max_steps}: the resumed run is already at step {state.step}; raise --max-steps")
 
+    uploader = None
+    if is_main:
+        uploader = cleanup.enter_context(CheckpointUploader(
+            bucket, keep_remote=tc.keep_last, keep_local=tc.keep_last, max_failures=args.max_upload_failures,
+            background=not args.no_background_upload))
+
+    saved_step = state.step  # the step of the newest full checkpoint handed to the uploader
+
     def save(folder: Path, weights_only: bool = False) -> None:
+        """Only the copy off the device blocks; the uploader thread writes, uploads and rotates."""
+        nonlocal saved_step
+        saved_step = state.step if not weights_only else saved_step
         if is_main:
             unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
             snap = ckpt.capture(state.step, unwrapped, optimizer, scheduler, accelerator.scaler, train_loader,
                                 state, metrics, cfg.to_dict(), tokenizer)
-            ckpt.write(snap, folder, weights_only)
-            log.info(f"saved checkpoint {folder}")
+            uploader.submit(SaveRequest(snap, folder, weights_only))
         accelerator.wait_for_everyone()
+
+    def check_uploads() -> None:
+        """Log and count finished saves; too many failures in a row stop the run cleanly (it then exits 2)."""
+        for result in uploader.poll():
+            if not result.ok:
+                metrics.scalars(state.step, {"upload/failures": uploader.failures})
+        if uploader.fatal:
+            stop.request(uploader.fatal)
 
     tokens_per_step = tc.micro_batch_size * tc.grad_accum_steps * world * tc.seq_len
     flops_per_token = model_flops_per_token(cfg.model, tc.seq_len)
@@ -277,11 +324,15 @@ def train(args) -> int:
     bar = ProgressBar(tc.max_steps, state.step, is_main)
     losses: list[float] = []
     stop_reason = "max steps reached"
+    cleanup.enter_context(stop)  # SIGTERM/SIGINT now only ask for a clean stop
     model.train()
     while state.step < tc.max_steps:
         t0 = time.time()
+        step_start = train_loader.state_dict(), ckpt.rng_state()
         loss_sum = torch.zeros((), device=accelerator.device)
         for micro in range(tc.grad_accum_steps):
+            if stop.agreed(accelerator):
+                break
             x, y = next(batches)
             sync_ctx = accelerator.no_sync(model) if micro < tc.grad_accum_steps - 1 else contextlib.nullcontext()
             with sync_ctx:
@@ -289,6 +340,11 @@ def train(args) -> int:
                     loss = lm_loss(model, x.to(accelerator.device), y.to(accelerator.device))
                 accelerator.backward(loss / tc.grad_accum_steps)
             loss_sum += loss.detach()
+        if stop.stopping:  # drop the unfinished step: a resume reads its batches again
+            train_loader.load_state_dict(step_start[0])
+            ckpt.set_rng_state(step_start[1])
+            optimizer.zero_grad(set_to_none=True)
+            break
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), tc.grad_clip)
         optimizer.step()
         scheduler.step()
@@ -314,7 +370,9 @@ def train(args) -> int:
             log.debug(f"step {state.step} loss {loss:.6f} lr {lr:.3e}")
 
         if state.step % tc.eval_every == 0 or state.step == tc.max_steps:
-            val = evaluate(model, val_loader, tc.eval_batches, accelerator)
+            val = evaluate(model, val_loader, tc.eval_batches, accelerator, stop)
+            if val is None:  # stopped inside the evaluation
+                break
             metrics.scalars(state.step, {"val/loss": val, "val/perplexity": math.exp(min(val, 50))})
             improved = val < state.best_val_loss
             state.best_val_loss = min(val, state.best_val_loss)
@@ -330,28 +388,36 @@ def train(args) -> int:
                 break
         if state.step % tc.save_every == 0:
             save(run_dir / ckpt.step_dir_name(state.step))
-            if is_main:
-                ckpt.rotate(run_dir, tc.keep_last)
+        if is_main:
+            check_uploads()
         if time.time() >= deadline:
             stop_reason = f"time limit of {tc.max_training_hours:g} h reached"
             break
     bar.close()
+    if stop.stopping:
+        stop_reason = f"{stop.reason}; stopped cleanly"
+        log.info(f"{stop.reason}: saving step {state.step} and flushing uploads (grace {stop.grace_seconds:g} s)")
 
     last = run_dir / ckpt.step_dir_name(state.step)
-    if state.step % tc.save_every:
+    if saved_step != state.step:  # breaks (early stop, signal) can come before a due save
         save(last)
     if is_main:
-        ckpt.link_copy(last, run_dir / "final")
-        ckpt.rotate(run_dir, tc.keep_last)
+        uploader.close(timeout=stop.remaining())  # no limit unless stopping on a signal
+        check_uploads()
+        if ckpt.check_complete(last) is None:
+            ckpt.link_copy(last, run_dir / "final")
         metrics.save_history(log_dir / "history.json")
         metrics.plot(log_dir / "loss.png")
         metrics.close()
         log.info(f"stopped at step {state.step}: {stop_reason}; best val loss {state.best_val_loss:.4f}")
         log.info(f"checkpoints in {run_dir}, logs in {log_dir} (tensorboard --logdir {args.log_dir})")
-        unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-        text = sample_text(unwrapped, tokenizer, args.sample_prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=tc.seed)
-        log.info("sample:\n" + text)
+        if not stop.stopping:  # a preempted run has no time for a sample
+            unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+            text = sample_text(unwrapped, tokenizer, args.sample_prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=tc.seed)
+            log.info("sample:\n" + text)
     accelerator.end_training()
+    if uploader is not None and uploader.fatal:
+        raise UploadFailed(uploader.fatal)
     return 0
 
 
@@ -362,7 +428,8 @@ class TrainingDiverged(PiconeoxError):
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        return train(args)
+        with contextlib.ExitStack() as cleanup:
+            return train(args, cleanup)
     except PiconeoxError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

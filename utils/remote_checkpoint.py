@@ -1,0 +1,93 @@
+"""Checkpoints in a bucket: find the newest complete one and bring it into a local cache to resume from.
+
+Remote layout, written by utils/uploader.py: `<bucket prefix>/<run>/step-XXXXXXXX/<files>`, the
+`COMPLETE` marker uploaded last. A remote folder counts only when its marker exists, so an upload cut
+short (preemption, dead network) is never chosen. Downloads go through utils/sync (crc32c-verified,
+`.partial` files, incremental), then the marker's file sizes are checked like a local checkpoint's.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable
+
+from utils.checkpoint import MARKER, STEP_RE, check_complete, step_dir_name
+from utils.errors import PiconeoxError
+from utils.storage import Storage, open_storage, parse_gs_url
+from utils.sync import download_tree
+
+
+def remote_steps(store: Storage) -> dict[int, bool]:
+    """{step: whether its COMPLETE marker exists} for every step-XXXXXXXX folder under `store`, in one listing."""
+    return steps_in(store.list(checksums=False))
+
+
+def steps_in(names: Iterable[str]) -> dict[int, bool]:
+    """{step: whether its COMPLETE marker exists} for the step-XXXXXXXX/<file> names of a listing."""
+    steps: dict[int, bool] = {}
+    for name in names:
+        folder, _, file = name.partition("/")
+        if (m := STEP_RE.match(folder)) and file:
+            step = int(m.group(1))
+            steps[step] = steps.get(step, False) or file == MARKER
+    return steps
+
+
+def latest_complete_step(steps: dict[int, bool]) -> int | None:
+    """The highest step whose marker exists, or None."""
+    return max((step for step, complete in steps.items() if complete), default=None)
+
+
+def download_checkpoint(store: Storage, step: int, cache_dir: Path, progress: bool = True) -> Path:
+    """Download `step-XXXXXXXX/` of `store` into `cache_dir` (crc32c-checked) and return the complete folder."""
+    name = step_dir_name(step)
+    folder = Path(cache_dir) / name
+    summary = download_tree(store.child(name), folder, progress=progress)
+    if summary.failed:
+        raise PiconeoxError(f"{summary.failed} file(s) of {store.url}/{name} failed to download into {folder}; "
+                            f"first: {summary.errors[0]}")
+    reason = check_complete(folder)
+    if reason:
+        raise PiconeoxError(f"downloaded {store.url}/{name}, but {reason}")
+    return folder
+
+
+def cache_dir_for(url: str, cache_root: Path) -> Path:
+    """Where checkpoints of the run at `url` are cached: cache_root/<bucket>/<prefix>, or for a directory
+    used as a bucket, cache_root/local/<its absolute path>."""
+    if url.startswith("gs://"):
+        bucket, prefix = parse_gs_url(url)
+        return Path(cache_root, bucket, *prefix.split("/")) if prefix else Path(cache_root, bucket)
+    return Path(cache_root, "local", *Path(url.removeprefix("file://")).resolve().parts[1:])
+
+
+def fetch_resume(url: str, credentials: str | None, cache_root: Path, *, timeout_s: float = 60) -> Path:
+    """`--resume gs://bucket/prefix/<run>[/step-XXXXXXXX]`: the newest complete remote checkpoint of the run
+    (or that step, which must be complete), downloaded into the cache. One-line PiconeoxError otherwise."""
+    base, _, last = url.rstrip("/").rpartition("/")
+    if STEP_RE.match(last):
+        store = open_storage(base, credentials, timeout_s=timeout_s)
+        step = int(last[len("step-"):])
+        if not remote_steps(store).get(step):
+            raise PiconeoxError(f"--resume {url}: no {MARKER} marker there (an unfinished upload or no such step)")
+    else:
+        store = open_storage(url, credentials, timeout_s=timeout_s)
+        step = latest_complete_step(remote_steps(store))
+        if step is None:
+            raise PiconeoxError(f"--resume {url}: no complete step-XXXXXXXX checkpoint (one with {MARKER}) there")
+    return download_checkpoint(store, step, cache_dir_for(store.url, cache_root))
+
+
+def newest(store: Storage, local: Path | None, cache_root: Path, warn: Callable[[str], object] = print) -> Path | None:
+    """`--resume auto` with a bucket: the newest complete checkpoint of `local` (a local step folder or None)
+    and the bucket's, downloaded when it is the bucket's.
+
+    An unreachable bucket is reported with `warn` and treated as empty: the local checkpoint still resumes.
+    """
+    try:
+        step = latest_complete_step(remote_steps(store))
+    except PiconeoxError as e:
+        warn(f"--resume auto: could not list {store.url}, using local checkpoints only: {e}")
+        return local
+    if step is None or (local is not None and step <= int(STEP_RE.match(local.name).group(1))):
+        return local
+    return download_checkpoint(store, step, cache_dir_for(store.url, cache_root))

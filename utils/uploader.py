@@ -1,0 +1,293 @@
+"""Checkpoints persisted off the training thread: write the step folder, upload it, prune old ones.
+
+The training thread only copies the state off the device (`checkpoint.capture`) and hands the snapshot
+to `submit()`. One non-daemon thread then writes the folder (`checkpoint.write`), uploads it to
+`<bucket>/<run>/step-XXXXXXXX/` with the COMPLETE marker last, keeps the newest `keep_remote` complete
+remote checkpoints and rotates the local ones. With `background=False` the same work runs inside
+`submit()` (`--no-background-upload`).
+
+    uploader = CheckpointUploader(open_storage("gs://b/ckpt").child(run), keep_remote=3, keep_local=3)
+    uploader.submit(SaveRequest(ckpt.capture(...), run_dir / "step-00000100"))
+    for result in uploader.poll(): ...      # every step: outcomes are logged and counted here
+    uploader.close()                        # every exit path: flush with a progress bar
+
+Bounded memory: one request in flight and at most one queued per kind (full step checkpoint, weights-only
+best/); a newer request replaces the queued one of its kind, never an unbounded queue of snapshots.
+Never silent: each outcome reaches the training thread through `poll()`, which logs it and counts
+failures; `fatal` is set after `max_failures` failures in a row. Never destructive: a complete remote
+checkpoint is never overwritten (`if_absent`, i.e. `if_generation_match=0` on GCS), and pruning deletes
+a folder's marker first, so a half-deleted folder never looks complete.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from utils import checkpoint as ckpt
+from utils.errors import PiconeoxError
+from utils.remote_checkpoint import steps_in
+from utils.storage import ObjectExists, Storage
+
+log = logging.getLogger("piconeox")
+
+
+@dataclass
+class SaveRequest:
+    """A captured checkpoint to persist.
+
+    snapshot: the state, already on the CPU (`checkpoint.capture`).
+    folder: the local destination, e.g. checkpoints/<run>/step-00000100 or checkpoints/<run>/best.
+    weights_only: best/: weights only, kept local (not uploaded, not rotated).
+    """
+
+    snapshot: ckpt.Snapshot
+    folder: Path
+    weights_only: bool = False
+
+    @property
+    def kind(self) -> str:
+        """Requests of one kind replace each other while queued."""
+        return "weights" if self.weights_only else "full"
+
+
+@dataclass
+class SaveResult:
+    """What became of one SaveRequest; `poll()` reports each exactly once.
+
+    error: None on success, else one line saying which phase failed and why.
+    uploaded_to: the remote folder when this save was uploaded, else None.
+    seconds: time from the start of the write to the end of the upload and pruning.
+    """
+
+    folder: Path
+    step: int
+    error: str | None = None
+    uploaded_to: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class UploadFailed(PiconeoxError):
+    """Checkpoint saves failed `max_failures` times in a row: the run stops (after a final local save)."""
+
+
+class UploadCancelled(PiconeoxError):
+    """The uploader was cancelled (a deadline passed) before this upload finished."""
+
+
+class CheckpointUploader:
+    """Writes and uploads checkpoints on one background thread; see the module docstring.
+
+    store: the run's remote folder (`open_storage(bucket).child(run)`), or None to only write locally.
+    keep_remote: complete remote checkpoints to keep (>= 2, so a fallback always exists).
+    keep_local: complete local step folders to keep (`checkpoint.rotate`).
+    max_failures: failures in a row after which `fatal` is set (>= 1).
+    background: False runs each save inside `submit()`.
+    """
+
+    def __init__(self, store: Storage | None, *, keep_remote: int = 3, keep_local: int = 3, max_failures: int = 3,
+                 background: bool = True, progress: bool = True):
+        if store is not None and keep_remote < 2:
+            raise PiconeoxError(f"keep_last={keep_remote}: with --checkpoint-bucket keep at least 2 checkpoints, "
+                                "so the bucket always holds a complete one while the next uploads")
+        if max_failures < 1:
+            raise PiconeoxError(f"--max-upload-failures {max_failures}: must be at least 1")
+        self.store = store
+        self.keep_remote, self.keep_local, self.max_failures = keep_remote, keep_local, max_failures
+        self.background, self.progress = background, progress
+        self.failures = 0  # in total
+        self.consecutive_failures = 0
+        self.fatal: str | None = None  # set by poll() once max_failures failures came in a row
+        self._cond = threading.Condition()
+        self._queue: OrderedDict[str, SaveRequest] = OrderedDict()
+        self._in_flight: SaveRequest | None = None
+        self._results: list[SaveResult] = []
+        self._phase = ""  # what the thread is doing, for the flush progress bar
+        self._cancel = threading.Event()
+        self._closed = False
+        self._thread = None
+        if background:
+            # Non-daemon: an interpreter exit waits for the upload instead of killing it half-way.
+            self._thread = threading.Thread(target=self._run, name="checkpoint-uploader", daemon=False)
+            self._thread.start()
+
+    # --- training thread -------------------------------------------------------------------------------
+
+    def submit(self, request: SaveRequest) -> None:
+        """Persist `request`: queued for the thread (replacing a queued one of its kind), or now when not background."""
+        if self._closed:
+            raise RuntimeError("submit() after close()")
+        if not self.background:
+            self._results.append(self._persist(request))
+            return
+        with self._cond:
+            replaced = self._queue.pop(request.kind, None)
+            self._queue[request.kind] = request
+            self._cond.notify_all()
+        if replaced is not None:
+            log.warning(f"checkpoint {replaced.folder} was still waiting when {request.folder.name} came; "
+                        "it is skipped (saving is slower than --save-every)")
+
+    def poll(self) -> list[SaveResult]:
+        """Outcomes finished since the last call: logged, failures counted, `fatal` set after too many in a row."""
+        with self._cond:
+            results, self._results = self._results, []
+        for r in results:
+            if r.ok:
+                self.consecutive_failures = 0
+                where = f", uploaded to {r.uploaded_to}" if r.uploaded_to else ""
+                log.info(f"saved checkpoint {r.folder}{where} ({r.seconds:.1f} s in the background)")
+                continue
+            self.failures += 1
+            self.consecutive_failures += 1
+            log.error(f"checkpoint {r.folder}: {r.error} ({self.consecutive_failures} failure(s) in a row, "
+                      f"{self.failures} in total; fatal at {self.max_failures})")
+            if self.consecutive_failures >= self.max_failures and self.fatal is None:
+                self.fatal = (f"{self.consecutive_failures} checkpoint saves failed in a row (--max-upload-failures "
+                              f"{self.max_failures}); last: {r.error}")
+        return results
+
+    def pending(self) -> int:
+        """Requests queued or in flight."""
+        with self._cond:
+            return len(self._queue) + (self._in_flight is not None)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted save is finished, with a progress bar; False if `timeout` s passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            total = len(self._queue) + (self._in_flight is not None)
+            if not total:
+                return True
+            with tqdm(total=total, desc="flush checkpoints", unit="ckpt", disable=not self.progress,
+                      dynamic_ncols=True) as bar:
+                while (left := len(self._queue) + (self._in_flight is not None)):
+                    bar.n = total - left
+                    bar.set_postfix_str(self._phase)
+                    wait = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+                    if wait <= 0:
+                        return False
+                    self._cond.wait(wait)
+                bar.n = total
+                bar.set_postfix_str("done")
+        return True
+
+    def cancel(self) -> None:
+        """Drop queued saves and stop the one in flight before its next file (the remote keeps its previous
+        complete checkpoint: the marker of the cut upload never arrives)."""
+        with self._cond:
+            dropped = [r.folder.name for r in self._queue.values()]
+            self._queue.clear()
+        self._cancel.set()
+        if dropped:
+            log.error(f"dropped unsaved checkpoint(s) {', '.join(dropped)}")
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush (at most `timeout` s) and stop the thread; False if work was cut off. `poll()` reports the outcomes.
+
+        After a timeout the save in flight is cancelled; the thread is not daemon, so the process still
+        ends only after its current file transfer returns (each storage call is bounded by its timeout).
+        """
+        if self._closed:
+            return True
+        finished = self.flush(timeout)
+        if not finished:
+            in_flight = self._in_flight
+            self.cancel()
+            log.error(f"checkpoint {in_flight.folder.name if in_flight else ''} was still saving when the time "
+                      f"ran out ({self._phase}); the bucket keeps its previous complete checkpoint")
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if finished and self._thread is not None:
+            self._thread.join()
+        return finished
+
+    def __enter__(self) -> CheckpointUploader:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # A KeyboardInterrupt here is a second Ctrl-C: the user wants out now, not after the upload.
+        self.close(timeout=0 if exc_type is KeyboardInterrupt else None)
+        self.poll()
+
+    # --- background thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                _, request = self._queue.popitem(last=False)
+                self._in_flight = request
+            result = self._persist(request)
+            with self._cond:
+                self._results.append(result)
+                self._in_flight = None
+                self._phase = ""
+                self._cond.notify_all()
+
+    def _persist(self, request: SaveRequest) -> SaveResult:
+        """Write, upload, prune and rotate one checkpoint; any failure becomes the result's error."""
+        start = time.monotonic()
+        result = SaveResult(request.folder, request.snapshot.step)
+        phase = "write"
+        try:
+            self._phase = f"writing {request.folder.name}"
+            ckpt.write(request.snapshot, request.folder, request.weights_only)
+            if self.store is not None and not request.weights_only:
+                phase = "upload"
+                result.uploaded_to = self._upload(request.folder)
+                phase = "prune old remote checkpoints after the upload"
+                self._prune_remote()
+            if not request.weights_only:
+                ckpt.rotate(request.folder.parent, self.keep_local)
+        except (PiconeoxError, OSError) as e:
+            result.error = f"{phase} failed: {e}"
+        result.seconds = time.monotonic() - start
+        return result
+
+    def _upload(self, folder: Path) -> str | None:
+        """Upload a complete local step folder, marker last; None when the bucket already has it complete."""
+        remote = self.store.child(folder.name)
+        existing = remote.list(checksums=False)
+        if ckpt.MARKER in existing:
+            log.warning(f"{remote.url} is already complete in the bucket; kept as is (never overwritten)")
+            return None
+        for name in existing:  # leftovers of an upload cut short: not part of any complete checkpoint
+            remote.delete(name)
+        files = list(json.loads((folder / ckpt.MARKER).read_text())["files"])
+        for i, name in enumerate(files, 1):
+            if self._cancel.is_set():
+                raise UploadCancelled(f"cancelled before {name}")
+            self._phase = f"uploading {folder.name}: {name} ({i}/{len(files)})"
+            remote.put(folder / name, name, if_absent=True)
+        try:
+            remote.put(folder / ckpt.MARKER, ckpt.MARKER, if_absent=True)
+        except ObjectExists:  # another writer finished the same step first: theirs stays
+            log.warning(f"{remote.url} was completed by another writer meanwhile; kept theirs")
+            return None
+        return remote.url
+
+    def _prune_remote(self) -> None:
+        """Delete complete remote checkpoints older than the newest `keep_remote` ones (marker first)."""
+        listing = self.store.list(checksums=False)
+        complete = sorted(step for step, done in steps_in(listing).items() if done)
+        for step in complete[:-self.keep_remote]:
+            prefix = f"{ckpt.step_dir_name(step)}/"
+            self.store.delete(prefix + ckpt.MARKER)
+            for name in listing:
+                if name.startswith(prefix) and name != prefix + ckpt.MARKER:
+                    self.store.delete(name)
