@@ -124,6 +124,15 @@ per_machine=$gpus
 [ "$gpus" -eq 0 ] && per_machine=${procs:-1}
 total=$((per_machine * machines))
 
+# Always name a config file: without one, accelerate silently reads a leftover
+# ~/.cache/huggingface/accelerate/default_config.yaml (e.g. gpu_ids '0' breaks any multi-process run).
+user_config=$acc_config
+if [ -z "$acc_config" ] && [ "$total" -gt 1 ]; then
+  acc_config="$ROOT/configs/accelerate/multi_gpu_ddp.yaml"
+elif [ -z "$acc_config" ] && [ "$gpus" -gt 0 ]; then
+  acc_config="$ROOT/configs/accelerate/single_gpu.yaml"
+fi  # a single CPU process uses --cpu, which never reads the default file
+
 envs=()
 launch=(--num_processes "$total" --num_machines "$machines")
 [ -n "$acc_config" ] && launch=(--config_file "$acc_config" "${launch[@]}")
@@ -136,11 +145,11 @@ if [ "$gpus" -eq 0 ]; then
   mp=${mp:-no}
   if [ "$total" -gt 1 ]; then
     envs=(ACCELERATE_USE_CPU=true "${envs[@]}")
-    [ -z "$acc_config" ] && launch=(--multi_gpu "${launch[@]}")
+    [ -z "$user_config" ] && launch=(--multi_gpu "${launch[@]}")
   else
     launch+=(--cpu)
   fi
-elif [ "$total" -gt 1 ] && [ -z "$acc_config" ]; then
+elif [ "$total" -gt 1 ] && [ -z "$user_config" ]; then
   launch=(--multi_gpu "${launch[@]}")
 fi
 [ -n "$mp" ] && launch+=(--mixed_precision "$mp")

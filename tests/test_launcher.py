@@ -47,7 +47,7 @@ def launched(*args: str, fake_gpus: int | None = None):
 
 def test_gpus_0_is_one_cpu_process_with_all_cores():
     envs, launch, train = launched("--config", "test", "--gpus", "0")
-    assert launch.cpu and not launch.multi_gpu
+    assert launch.cpu and not launch.multi_gpu and launch.config_file is None  # --cpu never reads a default file
     assert (launch.num_processes, launch.num_machines) == (1, 1)
     assert (launch.mixed_precision, launch.dynamo_backend) == ("no", "no")
     assert envs == {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}  # all cores, as nproc counts them
@@ -59,6 +59,7 @@ def test_procs_2_uses_the_gloo_recipe_not_cpu_flag():
     envs, launch, _ = launched("--config", "test", "--gpus", "0", "--procs", "2")
     assert launch.multi_gpu and not launch.cpu and launch.num_processes == 2
     assert launch.main_process_port == 0  # accelerate picks a free port: concurrent runs do not collide
+    assert launch.config_file.endswith("configs/accelerate/multi_gpu_ddp.yaml")
     assert envs["ACCELERATE_USE_CPU"] == "true"
     assert envs["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 2))
 
@@ -73,13 +74,14 @@ def test_no_cuda_visible_falls_back_to_cpu_with_a_note():
 def test_gpus_1_is_a_single_gpu_process():
     envs, launch, _ = launched("--config", "small", "--gpus", "1", fake_gpus=8)
     assert not launch.cpu and not launch.multi_gpu and launch.num_processes == 1
+    assert launch.config_file.endswith("configs/accelerate/single_gpu.yaml")
     assert "ACCELERATE_USE_CPU" not in envs and "OMP_NUM_THREADS" not in envs
 
 
 def test_gpus_8_is_ddp_with_mixed_precision_on_both_sides():
     _, launch, train = launched("--config", "production", "--gpus", "8", "--mixed-precision", "bf16", fake_gpus=8)
     assert launch.multi_gpu and launch.num_processes == 8 and launch.num_machines == 1
-    assert launch.main_process_port == 0
+    assert launch.main_process_port == 0 and launch.config_file.endswith("configs/accelerate/multi_gpu_ddp.yaml")
     assert launch.mixed_precision == "bf16"
     assert train == ["--config", "production", "--mixed-precision", "bf16"]
 
@@ -163,19 +165,33 @@ else:
 """
 
 
+# A leftover `accelerate config` answer that breaks any multi-process launch that reads it.
+STALE_DEFAULT_CONFIG = """
+compute_environment: LOCAL_MACHINE
+distributed_type: 'NO'
+gpu_ids: '0'
+mixed_precision: fp16
+num_processes: 1
+"""
+
+
 @pytest.fixture
 def sandbox(tmp_path):
-    """A launcher copy whose train.py is the stand-in; .venv links to the repo's."""
+    """A launcher copy whose train.py is the stand-in; .venv and configs/ link to the repo's, and HF_HOME
+    holds a stale accelerate default config the launcher must not be affected by."""
     (tmp_path / "start_training.sh").write_text(LAUNCHER.read_text())
     (tmp_path / "train.py").write_text(STAND_IN)
     (tmp_path / ".venv").symlink_to(REPO / ".venv")
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    (tmp_path / "hf" / "accelerate").mkdir(parents=True)
+    (tmp_path / "hf" / "accelerate" / "default_config.yaml").write_text(STALE_DEFAULT_CONFIG)
     (tmp_path / "out").mkdir()
     return tmp_path
 
 
 def start(sandbox, *args, extra=()):
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PICONEOX_FAKE_GPUS")}
-    env["PICONEOX_FAKE_GPUS"] = "0"
+    env.update(PICONEOX_FAKE_GPUS="0", HF_HOME=str(sandbox / "hf"))
     return subprocess.Popen(["bash", str(sandbox / "start_training.sh"), "--config", "test", *args, "--",
                              "--out", str(sandbox / "out"), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
