@@ -260,9 +260,9 @@ def _nvml_device(pynvml, cuda_index: int):
     """NVML numbers devices physically; CUDA_VISIBLE_DEVICES renumbers them. Match by PCI bus id."""
     import torch
 
-    props = torch.cuda.get_device_properties(cuda_index)
-    bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
     try:
+        props = torch.cuda.get_device_properties(cuda_index)
+        bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
         return pynvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
-    except pynvml.NVMLError:
+    except (AttributeError, pynvml.NVMLError):  # older torch without PCI ids, or an unknown bus id
         return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
