@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
@@ -56,6 +57,9 @@ def start_fake_gcs() -> FakeGCSServer:
     before = os.environ.get("STORAGE_EMULATOR_HOST")
     server = FakeGCSServer()
     server.start()
+    # The wrapper pipes the server's request log and never reads it: once the pipe is full the
+    # server blocks mid-request. Drain it.
+    threading.Thread(target=server._process.stderr.read, daemon=True).start()
     if before is None:
         os.environ.pop("STORAGE_EMULATOR_HOST", None)
     else:
@@ -91,6 +95,40 @@ def _fake_gcs_process() -> Iterator[FakeGCSServer]:
 def fake_gcs(_fake_gcs_process, monkeypatch) -> GcsServer:
     """fake-gcs-server with a fresh, empty bucket for this test."""
     return use_server(_fake_gcs_process.url, monkeypatch, f"piconeox-test-{next(_bucket_numbers)}")
+
+
+@dataclass
+class LocalBucket:
+    """A plain directory playing the bucket, with the same helpers as GcsServer."""
+
+    root: Path
+
+    def url(self, prefix: str = "") -> str:
+        return str(self.root / prefix) if prefix else str(self.root)
+
+    def put(self, name: str, data: bytes) -> None:
+        (self.root / name).parent.mkdir(parents=True, exist_ok=True)
+        (self.root / name).write_bytes(data)
+
+    def read(self, name: str) -> bytes:
+        return (self.root / name).read_bytes()
+
+
+@pytest.fixture(params=["gcs", "local"])
+def bucket(request, tmp_path) -> GcsServer | LocalBucket:
+    """Each test runs twice: against gs:// on gcp-storage-emulator and against a local directory."""
+    if request.param == "gcs":
+        return request.getfixturevalue("gcs_emulator")
+    return LocalBucket(tmp_path / "bucket")
+
+
+@pytest.fixture
+def text_tree(shared_data) -> dict[str, bytes]:
+    """A nested tree of real text files (the first 64 KiB of each corpus file), by relative name."""
+    return {
+        path.relative_to(shared_data).as_posix(): path.read_bytes()[: 64 << 10]
+        for path in sorted(shared_data.rglob("*.txt"))
+    }
 
 
 class CuttingRelay:

@@ -33,6 +33,8 @@ from google.auth.exceptions import DefaultCredentialsError, RefreshError, Transp
 from google.cloud import storage
 from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
 from google.cloud.storage.retry import DEFAULT_RETRY
+from google.oauth2 import credentials as user_credentials
+from google.oauth2 import service_account
 
 from utils.crc import CHUNK, crc32c_b64, crc32c_file, crc32c_from_b64
 from utils.errors import PiconeoxError
@@ -375,8 +377,8 @@ def parse_gs_url(url: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-def _check_key_file(path: Path, source: str) -> None:
-    """Fail with one line naming the key file (never quoting it) unless it is a readable JSON key."""
+def _read_key_file(path: Path, source: str) -> dict:
+    """The parsed key, or one line naming the file (never quoting it) when it is not a readable JSON key."""
     if not path.is_file():
         raise PiconeoxError(f"credentials file {path} (from {source}) does not exist; see credentials/README.md")
     try:
@@ -396,17 +398,32 @@ def _check_key_file(path: Path, source: str) -> None:
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         log.warning("credentials file %s is readable by other users (mode %o); run: chmod 600 %s",
                     path, stat.S_IMODE(mode), path)
+    return info
 
 
 def _load_key(path: Path, source: str) -> tuple[Credentials, str | None]:
-    _check_key_file(path, source)
+    """Credentials and project from a service-account key or a gcloud authorized-user file.
+
+    Only these two types are accepted: a generic loader would also run external-account configs,
+    which can fetch URLs or run commands named in the file.
+    """
+    info = _read_key_file(path, source)
+    kind = info["type"]
     try:
-        return google.auth.load_credentials_from_file(str(path), scopes=SCOPES)
-    except (DefaultCredentialsError, ValueError):
+        if kind == "service_account":
+            creds = service_account.Credentials.from_service_account_info(info, scopes=SCOPES)
+            return creds, info.get("project_id")
+        if kind == "authorized_user":
+            creds = user_credentials.Credentials.from_authorized_user_info(info, scopes=SCOPES)
+            return creds, info.get("quota_project_id")
+    except (ValueError, TypeError, KeyError):
         raise PiconeoxError(
-            f"credentials file {path} (from {source}) is a malformed Google key (missing or invalid fields); "
+            f"credentials file {path} (from {source}) is a malformed {kind} key (missing or invalid fields); "
             "download a fresh key from the Cloud Console"
         ) from None
+    raise PiconeoxError(
+        f"credentials file {path} (from {source}) has an unsupported credentials type; allowed are 'service_account' and 'authorized_user'"
+    )
 
 
 def resolve_credentials(key_file: str | None) -> tuple[Credentials, str | None]:
