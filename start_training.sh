@@ -31,7 +31,9 @@ Runs train.py under `accelerate launch` and prints the exact line first.
   -h, --help               this text
 
 Everything after `--` is appended to train.py's flags verbatim.
-Ctrl-C / SIGTERM are forwarded to the whole process group of the run, so no worker is left behind.
+Ctrl-C / SIGTERM are forwarded to the whole process group of the run, so no worker is left behind;
+with several processes torchrun kills workers still running TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds
+later (default here 120; keep it above train.py's --grace-seconds).
 
 Test hook: PICONEOX_FAKE_GPUS=N pretends N CUDA GPUs are visible (to check GPU lines on a CPU box).
 EOF
@@ -152,6 +154,9 @@ if [ "$gpus" -eq 0 ]; then
 elif [ "$total" -gt 1 ] && [ -z "$user_config" ]; then
   launch=(--multi_gpu "${launch[@]}")
 fi
+# On a signal torchrun SIGKILLs its workers after TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s by default), which
+# can cut train.py's save-and-exit (--grace-seconds) short on a large model: give it room.
+[ "$total" -gt 1 ] && envs=("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-120}" "${envs[@]}")
 [ -n "$mp" ] && launch+=(--mixed_precision "$mp")
 # train.py compiles the model itself after prepare(); accelerate must not compile it a second time.
 launch+=(--dynamo_backend no)
