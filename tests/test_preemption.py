@@ -1,0 +1,125 @@
+"""SIGTERM/SIGINT: a clean stop at a micro-step or inside eval, agreed by all ranks, saved, flushed, exit 0."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import train
+from tests.conftest import REPO
+from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse fixture: fresh Accelerator per run)
+from utils import checkpoint as ckpt
+from utils.errors import PiconeoxError
+from utils.preemption import StopRequest
+
+
+def test_signal_sets_the_flag_and_handlers_come_back():
+    before = signal.getsignal(signal.SIGTERM)
+    with StopRequest(grace_seconds=5) as stop:
+        assert not stop.requested and stop.remaining() is None
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested and stop.reason == "SIGTERM received"
+        assert 4 < stop.remaining() <= 5
+        with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C does not wait for the clean stop
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
+    with pytest.raises(PiconeoxError, match="--grace-seconds 0: must be a positive number of seconds"):
+        StopRequest(0)
+
+
+RANKS_SCRIPT = r"""
+import json, os, signal
+from accelerate import Accelerator
+from utils.preemption import StopRequest
+
+accelerator = Accelerator(cpu=True)
+stop = StopRequest(5).install()
+for micro in range(1000):
+    if accelerator.process_index == 1 and micro == 7:
+        os.kill(os.getpid(), signal.SIGTERM)  # only rank 1 is told
+    if stop.agreed(accelerator):
+        break
+print(json.dumps({"rank": accelerator.process_index, "stopped_at": micro, "reason": stop.reason}))
+"""
+
+
+def test_two_ranks_stop_at_the_same_micro_step():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        procs.append(subprocess.Popen([sys.executable, "-c", RANKS_SCRIPT], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    results = sorted((json.loads(out.strip().splitlines()[-1]) for out, _ in outs), key=lambda r: r["rank"])
+    assert [r["stopped_at"] for r in results] == [7, 7]
+    assert [r["reason"] for r in results] == ["another rank was asked to stop", "SIGTERM received"]
+
+
+def signal_on_forward(monkeypatch, call: int) -> None:
+    """Deliver SIGTERM to this process during the `call`-th forward pass of the run (train or eval)."""
+    calls = {"n": 0}
+    real = train.lm_loss
+
+    def lm_loss(model, x, y):
+        calls["n"] += 1
+        if calls["n"] == call:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(model, x, y)
+
+    monkeypatch.setattr(train, "lm_loss", lm_loss)
+
+
+def test_sigterm_inside_gradient_accumulation_resumes_exactly(tmp_path, tiny_data, monkeypatch):
+    common = ("--max-steps", "8", "--grad-accum", "3", "--save-every", "100", "--eval-every", "100")
+    _, straight, _ = run(tmp_path / "a", tiny_data, *common)
+    signal_on_forward(monkeypatch, call=3 * 5 + 2)  # step 6, second of its three micro-steps
+    code, losses, run_dir = run(tmp_path / "b", tiny_data, *common)
+    log = (tmp_path / "b" / "logs" / "run" / "training.log").read_text()
+    assert code == 0 and len(losses) == 5
+    assert "SIGTERM received: saving step 5" in log and "SIGTERM received; stopped cleanly" in log
+    assert ckpt.latest_complete(run_dir) == run_dir / "step-00000005"
+    monkeypatch.undo()
+    code, resumed, _ = run(tmp_path / "b", tiny_data, *common, "--resume", "auto")
+    assert code == 0 and resumed == straight  # the half-done step 6 was dropped and redone identically
+
+
+def test_sigterm_inside_eval_stops_without_a_val_loss(tmp_path, tiny_data, monkeypatch):
+    signal_on_forward(monkeypatch, call=5 + 3)  # steps 1-5 train, then the third eval batch
+    code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "20", "--eval-every", "5", "--save-every", "100")
+    history = json.loads((tmp_path / "logs" / "run" / "history.json").read_text())
+    assert code == 0 and len(losses) == 5
+    assert not [h for h in history if "val/loss" in h]  # an interrupted eval records nothing
+    assert ckpt.check_complete(run_dir / "step-00000005") is None and ckpt.check_complete(run_dir / "final") is None
+
+
+def test_sigterm_to_a_training_process_saves_locally_and_remotely(tmp_path, tiny_data, gcs_emulator):
+    cmd = [sys.executable, "train.py", *TINY, "--data", str(tiny_data), "--run-name", "run",
+           "--output-dir", str(tmp_path / "ckpt"), "--log-dir", str(tmp_path / "logs"), "--max-steps", "100000",
+           "--eval-every", "5", "--save-every", "100000", "--checkpoint-bucket", gcs_emulator.url("ckpt"),
+           "--grace-seconds", "20"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "logs" / "run" / "training.log"
+    deadline = time.monotonic() + 90
+    while not (log.exists() and "step 5:" in log.read_text()):  # the loop runs (and handles signals)
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else "slow"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert time.monotonic() - sent < 20  # within the grace budget
+    text = log.read_text()
+    step = int(text.split("SIGTERM received: saving step ")[1].split()[0])
+    folder = ckpt.step_dir_name(step)
+    assert ckpt.check_complete(tmp_path / "ckpt" / "run" / folder) is None
+    assert json.loads(gcs_emulator.read(f"ckpt/run/{folder}/COMPLETE"))["step"] == step
+    assert f"uploaded to {gcs_emulator.url('ckpt')}/run/{folder}" in text and "Traceback" not in err
