@@ -78,7 +78,9 @@ def report(summary: SyncSummary, *, pushing: bool, dry_run: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.INFO)
+    logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
+    logging.getLogger("utils").setLevel(logging.INFO)  # our notes (stale .partial files removed), not the libraries'
+
     try:
         summary = run(args)
     except PiconeoxError as e:
