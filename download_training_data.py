@@ -23,12 +23,10 @@ from utils.sync import SyncSummary, download_tree, upload_tree
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog="examples:\n"
-        "  %(prog)s --source gs://my-bucket/data/tiny --dest data/tiny --include '*.npy'\n"
-        "  %(prog)s --push data/tiny --dest gs://my-bucket/data/tiny --no-overwrite\n"
-        "credentials: --credentials FILE, else GOOGLE_APPLICATION_CREDENTIALS, else application default\n"
-        "credentials (gcloud auth application-default login); see credentials/README.md.",
+        description=__doc__,
+        epilog="credentials: --credentials FILE, else GOOGLE_APPLICATION_CREDENTIALS, else application default\n"
+        "credentials (gcloud auth application-default login); see credentials/README.md.\n"
+        "With STORAGE_EMULATOR_HOST set, a local GCS emulator is used without credentials.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     direction = parser.add_mutually_exclusive_group(required=True)
