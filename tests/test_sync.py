@@ -144,10 +144,15 @@ def test_push_uploads_manifest_last_and_rerun_skips(fake_gcs, text_tree, tmp_pat
     assert {n: fake_gcs.read(f"data/ds/{n}") for n in remote} == files
     assert remote["manifest.json"].generation > max(i.generation for n, i in remote.items() if n != "manifest.json")
 
-    (tmp_path / "ds" / sorted(text_tree)[0]).write_bytes(b"changed")
+    changed = sorted(text_tree)[0]
+    (tmp_path / "ds" / changed).write_bytes(b"changed")
     again = upload_tree(tmp_path / "ds", dst, progress=False)
-    assert (again.downloaded, again.skipped) == (1, len(files) - 1)
-    assert fake_gcs.read(f"data/ds/{sorted(text_tree)[0]}") == b"changed"
+    # Only the changed file goes up, then the manifest again: it was withdrawn while the folder changed.
+    assert (again.downloaded, again.skipped) == (2, len(files) - 2)
+    remote = dst.list()
+    assert fake_gcs.read(f"data/ds/{changed}") == b"changed"
+    assert remote["manifest.json"].generation > remote[changed].generation
+    assert upload_tree(tmp_path / "ds", dst, progress=False).skipped == len(files)
 
 
 def test_push_failure_keeps_the_remote_folder_incomplete(fake_gcs, text_tree, tmp_path):

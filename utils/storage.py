@@ -135,6 +135,12 @@ class Storage(ABC):
         """The same backend rooted one or more folders deeper."""
 
 
+def in_flight(filename: str) -> bool:
+    """Whether a local file name is a download (`.partial`) or atomic write (`.name.xxx.tmp`) still
+    under way: such files are not objects yet."""
+    return filename.endswith(PARTIAL_SUFFIX) or (filename.startswith(".") and filename.endswith(".tmp"))
+
+
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}/{name}" if prefix else name
 
@@ -151,10 +157,11 @@ class LocalStorage(Storage):
 
     def list(self, prefix: str = "", *, checksums: bool = True) -> dict[str, ObjectInfo]:
         found = {}
-        for dirpath, _dirs, files in os.walk(self.root):
+        folder, _, _ = prefix.rpartition("/")
+        for dirpath, _dirs, files in os.walk(self._path(folder) if folder else self.root):
             for file in files:
-                if file.endswith(PARTIAL_SUFFIX) or (file.startswith(".") and file.endswith(".tmp")):
-                    continue  # a download or atomic write in flight, not an object yet
+                if in_flight(file):
+                    continue
                 path = Path(dirpath, file)
                 name = path.relative_to(self.root).as_posix()
                 if name.startswith(prefix):

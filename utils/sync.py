@@ -23,7 +23,8 @@ from tqdm import tqdm
 from utils.atomic import atomic_write_json
 from utils.crc import crc32c_file
 from utils.errors import PiconeoxError
-from utils.storage import PARTIAL_SUFFIX, ObjectInfo, Storage, open_storage, parse_gs_url, safe_relpath
+from utils.storage import (PARTIAL_SUFFIX, ObjectInfo, Storage, in_flight, open_storage, parse_gs_url,
+                           safe_relpath)
 
 __all__ = ["SyncSummary", "CrcIndex", "download_tree", "upload_tree", "ensure_local", "safe_relpath"]
 
@@ -204,7 +205,7 @@ def _local_files(root: Path) -> dict[str, Path]:
     files = {}
     for dirpath, _dirs, names in os.walk(root):
         for file in names:
-            if file == INDEX_NAME or file.endswith(PARTIAL_SUFFIX) or (file.startswith(".") and file.endswith(".tmp")):
+            if file == INDEX_NAME or in_flight(file):
                 continue
             path = Path(dirpath, file)
             files[path.relative_to(root).as_posix()] = path
@@ -233,21 +234,25 @@ def upload_tree(src_dir: Path, dst: Storage, *, last: str | None = "manifest.jso
 
     remote = dst.list()
     index = CrcIndex(src_dir / INDEX_NAME)
-    summary = SyncSummary()
-    todo = {}
-    for name, path in sorted(selected.items()):
+
+    def unchanged(name: str, path: Path) -> bool:
         info = remote.get(name)
-        if info and info.crc32c is not None and _local_crc_if_same_size(path, name, info.size, index) == info.crc32c:
-            summary.skipped += 1
-        else:
-            todo[name] = path
+        return bool(info and info.crc32c is not None
+                    and _local_crc_if_same_size(path, name, info.size, index) == info.crc32c)
+
     try:
+        todo = {n: p for n, p in sorted(selected.items()) if not unchanged(n, p)}
+        body = {n: p for n, p in todo.items() if n != last}
+        # A changing folder must not look complete: withdraw `last` first and put it back at the end.
+        withdraw = bool(body) and last in remote and not if_absent
+        if withdraw:
+            todo[last] = files[last]
+        summary = SyncSummary(skipped=len(selected) - len(todo))
         if dry_run:
             summary.downloaded, summary.bytes = len(todo), sum(p.stat().st_size for p in todo.values())
-        elif todo:
-            if last in remote and not if_absent:
-                dst.delete(last)  # the folder is incomplete until `last` is back
-            body = {n: p for n, p in todo.items() if n != last}
+        else:
+            if withdraw:
+                dst.delete(last)
             jobs = {n: (p.stat().st_size, lambda n=n, p=p: dst.put(p, n, if_absent=if_absent)) for n, p in body.items()}
             _transfer_all(jobs, summary, workers=workers, desc=f"upload {dst.url}", progress=progress)
             if last in todo and not summary.failed:
