@@ -5,19 +5,22 @@ downloaded from a hub.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, replace
 
+from configs.base import ConfigBase
 from utils.errors import PiconeoxError
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(ConfigBase):
     """The shape of a GPT-NeoX model.
 
     `vocab_size=None` means "size it from the dataset's tokenizer" (rounded up to `vocab_multiple`).
     `rotary_pct` is the fraction of each head's dims that RoPE rotates (GPT-NeoX's partial rotary);
     `head_dim * rotary_pct` must be an even integer >= 2, or position would not be encoded at all.
     """
+
+    SECTION = "model"
 
     hidden_size: int
     num_layers: int
@@ -103,17 +106,6 @@ class ModelConfig:
             bos_token_id=None,
             eos_token_id=None,
         )
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise PiconeoxError(f"unknown model setting(s) {unknown}; allowed: {sorted(known)}")
-        return cls(**d)
 
 
 def build_model(cfg: ModelConfig, attn_implementation: str = "sdpa"):

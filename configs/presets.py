@@ -1,7 +1,7 @@
 """Named presets (model shape + training recipe) and how flags and YAML files override them."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from configs.model import MODEL_PRESETS, ModelConfig
@@ -91,12 +91,11 @@ def _coerce(value, annotation: str, key: str):
         raise PiconeoxError(f"{key}={value!r}: expected {base}") from None
 
 
-def _apply(obj, section: str, updates: dict):
+def _apply(obj, updates: dict):
+    """`obj` with `updates` (strings from flags, values from YAML) coerced to each field's type."""
     types = {f.name: f.type for f in fields(obj)}
-    unknown = sorted(set(updates) - set(types))
-    if unknown:
-        raise PiconeoxError(f"unknown {section} setting {unknown[0]!r}; allowed: {', '.join(sorted(types))}")
-    return replace(obj, **{k: _coerce(v, types[k], f"{section}.{k}") for k, v in updates.items()})
+    coerced = {k: _coerce(v, types[k], f"{obj.SECTION}.{k}") if k in types else v for k, v in updates.items()}
+    return type(obj).from_dict({**obj.to_dict(), **coerced})
 
 
 def resolve_config(preset: str, yaml_file: str | None = None, overrides: dict[str, object] | None = None) -> RunConfig:
@@ -116,14 +115,14 @@ def resolve_config(preset: str, yaml_file: str | None = None, overrides: dict[st
             raise PiconeoxError(f"config file {yaml_file} is not valid YAML: {str(e).splitlines()[0]}") from None
         if not isinstance(doc, dict) or set(doc) - {"model", "train"}:
             raise PiconeoxError(f"config file {yaml_file}: expected top-level sections 'model' and/or 'train'")
-        model = _apply(model, "model", doc.get("model") or {})
-        train = _apply(train, "train", doc.get("train") or {})
+        model = _apply(model, doc.get("model") or {})
+        train = _apply(train, doc.get("train") or {})
     by_section: dict[str, dict] = {"model": {}, "train": {}}
     for key, value in (overrides or {}).items():
         section, _, name = key.partition(".")
         if section not in by_section or not name:
             raise PiconeoxError(f"override {key!r}: expected model.<name>=<value> or train.<name>=<value>")
         by_section[section][name] = value
-    model = _apply(model, "model", by_section["model"])
-    train = _apply(train, "train", by_section["train"])
+    model = _apply(model, by_section["model"])
+    train = _apply(train, by_section["train"])
     return RunConfig(preset, model, train).validate()

@@ -1,8 +1,9 @@
 """Training settings: a typed, validated dataclass. Presets live in configs/presets.py."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
+from configs.base import ConfigBase
 from utils.errors import PiconeoxError
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
@@ -11,12 +12,14 @@ TOKENIZERS = ("char", "byte", "bpe")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(ConfigBase):
     """How to train: data, batch, optimizer, schedule, evaluation, checkpoints and limits.
 
     Batch sizes are per process; the global batch in tokens is
     `micro_batch_size * grad_accum_steps * world_size * seq_len`.
     """
+
+    SECTION = "train"
 
     data: str = "demo"
     """A prepared dataset directory, a `gs://bucket/prefix` of one, or `demo` (built in, prepared on first use)."""
@@ -82,14 +85,3 @@ class TrainConfig:
         if self.grad_clip <= 0:
             raise PiconeoxError(f"train.grad_clip={self.grad_clip}: must be > 0")
         return self
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise PiconeoxError(f"unknown train setting(s) {unknown}; allowed: {sorted(known)}")
-        return cls(**d)
