@@ -104,7 +104,7 @@ def _local_crc_if_same_size(path: Path, rel: str, size: int, index: CrcIndex) ->
     return index.crc32c(rel, path, st)
 
 
-def _remove_stale_partials(dest: Path) -> int:
+def _remove_stale_partials(dest: Path) -> None:
     """Delete `*.partial` files that an interrupted earlier run left behind; they are never trusted."""
     removed = 0
     for dirpath, _dirs, files in os.walk(dest):
@@ -114,7 +114,6 @@ def _remove_stale_partials(dest: Path) -> int:
                 removed += 1
     if removed:
         log.info("removed %d stale .partial file(s) under %s", removed, dest)
-    return removed
 
 
 def _transfer_all(jobs: dict[str, tuple[int, Callable[[], ObjectInfo]]], summary: SyncSummary, *,
@@ -125,6 +124,8 @@ def _transfer_all(jobs: dict[str, tuple[int, Callable[[], ObjectInfo]]], summary
     or a local OSError) is recorded and the others go on.
     """
     done: dict[str, ObjectInfo] = {}
+    if not jobs:
+        return done
     with tqdm(total=sum(size for size, _ in jobs.values()), unit="B", unit_scale=True, unit_divisor=1024,
               desc=desc, disable=not progress, dynamic_ncols=True) as bar, \
             ThreadPoolExecutor(max_workers=workers) as pool:
@@ -169,7 +170,9 @@ def download_tree(src: Storage, dest: Path, *, include: str | None = None, worke
     index = CrcIndex(dest / INDEX_NAME)
     summary = SyncSummary()
     todo: dict[str, tuple[ObjectInfo, Path]] = {}
-    for name, info in sorted(selected.items()):
+    # With a cold index this hashes every local file once, hence the bar.
+    for name, info in tqdm(sorted(selected.items()), desc="check local files", unit="file", leave=False,
+                           disable=not progress):
         try:
             path = dest / safe_relpath(name)
         except PiconeoxError as e:
@@ -241,7 +244,8 @@ def upload_tree(src_dir: Path, dst: Storage, *, last: str | None = "manifest.jso
                     and _local_crc_if_same_size(path, name, info.size, index) == info.crc32c)
 
     try:
-        todo = {n: p for n, p in sorted(selected.items()) if not unchanged(n, p)}
+        todo = {n: p for n, p in tqdm(sorted(selected.items()), desc="check local files", unit="file",
+                                      leave=False, disable=not progress) if not unchanged(n, p)}
         body = {n: p for n, p in todo.items() if n != last}
         # A changing folder must not look complete: withdraw `last` first and put it back at the end.
         withdraw = bool(body) and last in remote and not if_absent
