@@ -88,6 +88,7 @@ def gcs_emulator(_emulator_process, monkeypatch) -> GcsServer:
 def _fake_gcs_process() -> Iterator[FakeGCSServer]:
     server = start_fake_gcs()
     yield server
+    server._process.kill()  # a polite stop waits seconds for the client's idle keep-alive connections
     server.stop()
 
 
