@@ -195,6 +195,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
     from utils.preemption import StopRequest
+    from utils.shards import verify_dataset
     from utils.storage import open_storage
     from utils.tokenizers import load_tokenizer
     from utils.uploader import CheckpointUploader, SaveRequest, UploadFailed
@@ -253,6 +254,9 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         saved = resumed["run_config"]["model"]
         diff = next(k for k in saved if saved[k] != cfg.model.to_dict().get(k))
         raise PiconeoxError(f"--resume {resume_from}: checkpoint has model.{diff}={saved[diff]!r}, this run has {cfg.model.to_dict()[diff]!r}")
+    tokenizer_sha256 = verify_dataset(
+        data_dir, expected_tokenizer_sha256=resumed["run_config"].get("data_tokenizer_sha256") if resumed else None
+    ).tokenizer_sha256
 
     model = ckpt.load_model(resume_from) if resume_from else build_model(cfg.model)
     if tc.activation_checkpointing:
@@ -304,7 +308,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         if is_main:
             unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
             snap = ckpt.capture(state.step, unwrapped, optimizer, scheduler, accelerator.scaler, train_loader,
-                                state, metrics, cfg.to_dict(), tokenizer)
+                                state, metrics, {**cfg.to_dict(), "data_tokenizer_sha256": tokenizer_sha256}, tokenizer)
             uploader.submit(SaveRequest(snap, folder, weights_only))
         accelerator.wait_for_everyone()
 
