@@ -184,7 +184,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     import torch
     import transformers
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import DistributedType, set_seed
 
     from configs.model import build_model, count_parameters
     from configs.presets import RunConfig
@@ -206,7 +206,13 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     if tc.mixed_precision == "fp16" and not cuda:
         raise PiconeoxError("--mixed-precision fp16 needs a CUDA GPU; on CPU use bf16 or no")
     accelerator = Accelerator(mixed_precision=tc.mixed_precision, cpu=not cuda)
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != accelerator.num_processes:  # e.g. an FSDP config on a box without CUDA: each rank alone
+        raise PiconeoxError(f"{launched} processes were launched but they formed a group of {accelerator.num_processes}; "
+                            "without GPUs use ./start_training.sh --gpus 0 --procs N (FSDP and multi-GPU configs need CUDA)")
     is_main = accelerator.is_main_process
+    if os.environ.get("ACCELERATE_USE_FSDP") == "true" and accelerator.distributed_type != DistributedType.FSDP:
+        print("warning: FSDP needs CUDA; this run uses plain data parallelism on the CPU", file=sys.stderr)
     set_seed(tc.seed)
 
     # Data first: it decides the vocabulary.
