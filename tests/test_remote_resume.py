@@ -1,0 +1,113 @@
+"""Resuming from the bucket and from damaged local folders; kill -9 at random points loses nothing."""
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse fixture: fresh Accelerator per run)
+from utils import checkpoint as ckpt
+from utils.errors import PiconeoxError
+from utils.remote_checkpoint import fetch_resume, remote_steps
+from utils.storage import open_storage
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """torch on one thread here and in subprocesses: same numerics everywhere, and no OpenMP spinning on a busy box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    yield
+    torch.set_num_threads(before)
+
+
+def test_kill_9_at_five_random_points_then_resume_gives_the_uninterrupted_losses(tmp_path, tiny_data, gcs_emulator):
+    common = ("--max-steps", "240", "--save-every", "4", "--eval-every", "60", "--keep-last", "2")
+    _, straight, _ = run(tmp_path / "straight", tiny_data, *common)
+    common += ("--checkpoint-bucket", gcs_emulator.url("ckpt"))
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "train.py", *TINY, "--data", str(tiny_data), "--run-name", "run", "--output-dir",
+           str(out / "ckpt"), "--log-dir", str(out / "logs"), "--resume", "auto", *common]
+    run_dir, rng = out / "ckpt" / "run", random.Random(5)
+    for kill in range(5):
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        start = ckpt.latest_complete(run_dir, warn=lambda _: None)
+        target = (int(start.name[5:]) if start else 0) + 4 * rng.randint(1, 6)
+        deadline = time.monotonic() + 90
+        while (ckpt.latest_complete(run_dir, warn=lambda _: None) or Path("step-0")).name < ckpt.step_dir_name(target):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0, 0.1))  # then it dies anywhere: in a step, a write, an upload
+        assert proc.poll() is None, "finished before it was killed: raise --max-steps"
+        proc.kill()
+        proc.wait()
+        if kill % 2:  # a fresh machine after a preemption: only the bucket is left
+            shutil.rmtree(out / "ckpt")
+    code, resumed, _ = run(out, tiny_data, *common, "--resume", "auto")
+    assert code == 0 and len(resumed) == 240
+    assert resumed == straight
+    log = (out / "logs" / "run" / "training.log").read_text()
+    assert log.count("resumed from") == 5 and ".remote-cache" in log  # some resumes came from the bucket
+
+
+@pytest.fixture
+def remote_run(tmp_path, tiny_data, gcs_emulator):
+    """A trained run with complete remote step-10 and step-20, then step-20's marker lost and a markerless step-30."""
+    code, _, _ = run(tmp_path, tiny_data, "--max-steps", "20", "--save-every", "10", "--eval-every", "100",
+                     "--checkpoint-bucket", gcs_emulator.url("ckpt"))
+    assert code == 0
+    gcs_emulator.client.bucket(gcs_emulator.bucket).blob("ckpt/run/step-00000020/COMPLETE").delete()
+    gcs_emulator.put("ckpt/run/step-00000030/model.safetensors", b"cut short")
+    return gcs_emulator
+
+
+def test_remote_folder_without_marker_is_never_chosen(tmp_path, tiny_data, remote_run, capsys):
+    url = remote_run.url("ckpt/run")
+    assert remote_steps(open_storage(url)) == {10: True, 20: False, 30: False}
+    folder = fetch_resume(url, None, tmp_path / "cache")
+    assert folder.name == "step-00000010" and ckpt.check_complete(folder) is None
+    with pytest.raises(PiconeoxError, match="step-00000030: no COMPLETE marker there"):
+        fetch_resume(f"{url}/step-00000030", None, tmp_path / "cache")
+    # the trainer, on a fresh machine, resumes from the bucket's step 10
+    code, losses, _ = run(tmp_path / "fresh", tiny_data, "--max-steps", "12", "--resume", url)
+    log = (tmp_path / "fresh" / "logs" / "run" / "training.log").read_text()
+    assert code == 0 and len(losses) == 12 and "step-00000010 at step 10" in log
+    assert run(tmp_path / "fresh", tiny_data, "--max-steps", "12", "--resume", f"{url}/step-00000020")[0] == 2
+    err = capsys.readouterr().err
+    assert "error: --resume gs://" in err and "step-00000020: no COMPLETE marker there" in err and "Traceback" not in err
+
+
+def test_truncated_local_checkpoint_falls_back_to_the_previous(tmp_path, tiny_data):
+    code, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "20", "--save-every", "10", "--eval-every", "100")
+    assert code == 0
+    weights = run_dir / "step-00000020" / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as f:
+        f.truncate(size // 2)
+    shutil.rmtree(run_dir / "final")
+    code, losses, _ = run(tmp_path, tiny_data, "--max-steps", "25", "--save-every", "10", "--eval-every", "100",
+                          "--resume", "auto")
+    log = (tmp_path / "logs" / "run" / "training.log").read_text()
+    skipped = [line for line in log.splitlines() if "skipping checkpoint" in line]
+    assert code == 0 and len(losses) == 25
+    assert len(skipped) == 1 and f"model.safetensors has {size // 2} bytes, expected {size}" in skipped[0]
+    assert f"resumed from {run_dir / 'step-00000010'} at step 10" in log
+    # a missing file is reported the same way
+    (run_dir / "step-00000020" / "optimizer.pt").unlink()
+    assert ckpt.check_complete(run_dir / "step-00000020").endswith("is damaged: optimizer.pt is missing")
+
+
+def test_auto_prefers_a_newer_local_checkpoint_over_the_bucket(tmp_path, tiny_data, remote_run):
+    """Local step-20 is complete while the bucket's newest complete one is step-10: no download."""
+    code, losses, _ = run(tmp_path, tiny_data, "--max-steps", "22", "--resume", "auto",
+                          "--checkpoint-bucket", remote_run.url("ckpt"))
+    log = (tmp_path / "logs" / "run" / "training.log").read_text()
+    assert code == 0 and len(losses) == 22
+    assert f"resumed from {tmp_path / 'ckpt' / 'run' / 'step-00000020'} at step 20" in log
+    assert not (tmp_path / "ckpt" / ".remote-cache").exists()
