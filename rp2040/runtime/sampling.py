@@ -34,7 +34,10 @@ class Rng:
 
 
 class Sampler:
-    """Picks a token from logits. temperature <= 0 or top_k == 1 is greedy; top_k = 0 means all."""
+    """Picks a token from logits. temperature <= 0 or top_k == 1 is greedy; top_k = 0 means all.
+
+    Only top-k keeps arrays (k candidates); greedy and all-token sampling read the logits in place.
+    """
 
     def __init__(self, vocab, temperature=0.0, top_k=0, seed=0):
         if temperature < 0:
@@ -44,27 +47,34 @@ class Sampler:
         self.temperature = temperature
         self.top_k = top_k
         self.rng = Rng(seed)
-        k = top_k or vocab
-        self.idx = array("H" if vocab < 65536 else "I", range(k))  # candidates, best first
-        self.val = array("f", range(k))
+        self.greedy = temperature <= 0 or top_k == 1
+        if not self.greedy and top_k:
+            self.idx = array("H" if vocab < 65536 else "I", range(top_k))  # candidates, best first
+            self.val = array("f", range(top_k))
 
     def __call__(self, logits):
-        if self.temperature <= 0 or self.top_k == 1:
+        if self.greedy:
             return argmax(logits)
-        k = self._top_k(logits)
-        idx, val = self.idx, self.val
+        if self.top_k:
+            k = self._top_k(logits)
+            return self._draw(self.val, k, self.idx)
+        return self._draw(logits, len(logits), None)
+
+    def _draw(self, val, k, idx):
+        """A token from softmax(val[:k] / temperature) (ids idx[j], or j when idx is None); val is kept."""
         best = val[0]
+        for j in range(1, k):
+            if val[j] > best:
+                best = val[j]
         total = 0.0
         for j in range(k):
-            e = math.exp((val[j] - best) / self.temperature)
-            val[j] = e
-            total += e
+            total += math.exp((val[j] - best) / self.temperature)
         r = self.rng.random() * total
         for j in range(k):
-            r -= val[j]
+            r -= math.exp((val[j] - best) / self.temperature)
             if r < 0:
-                return idx[j]
-        return idx[k - 1]
+                return j if idx is None else idx[j]
+        return k - 1 if idx is None else idx[k - 1]
 
     def _top_k(self, logits):
         """Fill idx/val with the k largest logits, sorted descending (insertion into a small array)."""
