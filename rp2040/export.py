@@ -29,6 +29,10 @@ DEFAULT_RAM_BUDGET_KB = 180
 # Heap the runtime needs besides its planned buffers: the imported modules' bytecode and objects,
 # the open file, and the garbage of one token. Measured in the WebAssembly port (bench_rp2040.py).
 RUNTIME_OVERHEAD_BYTES = 24 * 1024
+# Weights stay in RAM only while that keeps the estimate under this; above it the runtime streams
+# each layer from flash. A step's flash read costs little next to its arithmetic (bench_rp2040.py
+# measures both modes), and the heap left over is headroom against fragmentation.
+RESIDENT_LIMIT_BYTES = 100 * 1024
 GENERATION_DEFAULTS = {"max_new_tokens": 64, "temperature": 0.8, "top_k": 40, "seed": 0}
 
 
@@ -101,8 +105,19 @@ def _reorder_qkv(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 3, -1, *rest).swapaxes(0, 1).reshape(-1, *rest)
 
 
-def model_tensors(state: dict, shape: Shape) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(P float vectors, W matrices) in file order, from a GPTNeoXForCausalLM state_dict of numpy arrays."""
+@dataclass
+class Tensors:
+    """A checkpoint's tensors grouped as model.bin stores them (numpy, QKV rows regrouped q|k|v)."""
+
+    embedding: np.ndarray
+    layer_params: list[list[np.ndarray]]  # per layer: ln1 w, b; ln2 w, b; qkv, dense, fc_in, fc_out biases
+    layer_mats: list[list[np.ndarray]]  # per layer: qkv, dense, fc_in, fc_out weights
+    final_norm: list[np.ndarray]  # weight, bias
+    head: np.ndarray | None  # None when tied to the embedding
+
+
+def model_tensors(state: dict, shape: Shape) -> Tensors:
+    """The tensors of a GPTNeoXForCausalLM state_dict of numpy arrays, in file order."""
     d = shape.hidden
 
     def get(name, size=None):
@@ -112,30 +127,36 @@ def model_tensors(state: dict, shape: Shape) -> tuple[list[np.ndarray], list[np.
             return np.zeros(size, np.float32)
         raise PiconeoxError(f"checkpoint is missing tensor {name!r}")
 
-    params, mats = [], [get("gpt_neox.embed_in.weight")]
+    layer_params, layer_mats = [], []
     for i in range(shape.layers):
         pre = f"gpt_neox.layers.{i}."
-        params += [get(pre + "input_layernorm.weight"), get(pre + "input_layernorm.bias"),
-                   get(pre + "post_attention_layernorm.weight"), get(pre + "post_attention_layernorm.bias"),
-                   _reorder_qkv(get(pre + "attention.query_key_value.bias", 3 * d), shape.heads),
-                   get(pre + "attention.dense.bias", d), get(pre + "mlp.dense_h_to_4h.bias", shape.inter),
-                   get(pre + "mlp.dense_4h_to_h.bias", d)]
-        mats += [_reorder_qkv(get(pre + "attention.query_key_value.weight"), shape.heads),
-                 get(pre + "attention.dense.weight"), get(pre + "mlp.dense_h_to_4h.weight"),
-                 get(pre + "mlp.dense_4h_to_h.weight")]
-    params += [get("gpt_neox.final_layer_norm.weight"), get("gpt_neox.final_layer_norm.bias")]
-    if not shape.tied:
-        mats.append(get("lm_head.weight"))
-    return params, mats
+        layer_params.append([
+            get(pre + "input_layernorm.weight"), get(pre + "input_layernorm.bias"),
+            get(pre + "post_attention_layernorm.weight"), get(pre + "post_attention_layernorm.bias"),
+            _reorder_qkv(get(pre + "attention.query_key_value.bias", 3 * d), shape.heads),
+            get(pre + "attention.dense.bias", d), get(pre + "mlp.dense_h_to_4h.bias", shape.inter),
+            get(pre + "mlp.dense_4h_to_h.bias", d)])
+        layer_mats.append([_reorder_qkv(get(pre + "attention.query_key_value.weight"), shape.heads),
+                           get(pre + "attention.dense.weight"), get(pre + "mlp.dense_h_to_4h.weight"),
+                           get(pre + "mlp.dense_4h_to_h.weight")])
+    final = [get("gpt_neox.final_layer_norm.weight"), get("gpt_neox.final_layer_norm.bias")]
+    return Tensors(get("gpt_neox.embed_in.weight"), layer_params, layer_mats, final,
+                   None if shape.tied else get("lm_head.weight"))
 
 
 def encode_model(state: dict, shape: Shape, dtype: str) -> bytes:
-    """The bytes of model.bin (FORMAT.md)."""
-    params, mats = model_tensors(state, shape)
-    if dtype == "int8":
-        pairs = [quantize_rows(m) for m in mats]
-        mats = [q for q, _ in pairs]
-        params += [s for _, s in pairs]
+    """The bytes of model.bin (FORMAT.md): P = per-layer blocks, final norm, [embedding/head scales]; W = matrices."""
+    t = model_tensors(state, shape)
+    int8 = dtype == "int8"
+    tops = [t.embedding] + ([t.head] if t.head is not None else [])  # the matrices outside the layers
+    top_pairs = [quantize_rows(m) if int8 else (m, None) for m in tops]
+    params, mats = [], [top_pairs[0][0]]
+    for p, m in zip(t.layer_params, t.layer_mats):
+        pairs = [quantize_rows(w) if int8 else (w, None) for w in m]
+        params += p + ([s for _, s in pairs] if int8 else [])
+        mats += [q for q, _ in pairs]
+    params += t.final_norm + ([s for _, s in top_pairs] if int8 else [])
+    mats += [q for q, _ in top_pairs[1:]]
     p = np.concatenate([np.asarray(x, np.float32).ravel() for x in params]).astype("<f4")
     w = np.concatenate([np.asarray(m).ravel() for m in mats]).astype("i1" if dtype == "int8" else "<f4")
     flags = (mf.FLAG_TIED if shape.tied else 0) | (mf.FLAG_PARALLEL_RESIDUAL if shape.parallel_residual else 0)
@@ -274,7 +295,7 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
     vocab_bin = vocab.encode()
     budget = ram_budget_kb * 1024
     in_ram, streamed = ram_estimate(model_bin, vocab_bin, False), ram_estimate(model_bin, vocab_bin, True)
-    stream = in_ram > budget
+    stream = in_ram > min(budget, RESIDENT_LIMIT_BYTES)
     estimate = streamed if stream else in_ram
     if estimate > budget and not force:
         raise PiconeoxError(f"{src.name} as {dtype} needs about {estimate // 1024} KB of RAM "

@@ -52,6 +52,24 @@ def test_shape_comes_from_the_checkpoint_and_cpython_runtime_matches_pytorch(tmp
     assert (got - ref).abs().max().item() <= 1e-4
 
 
+@pytest.mark.parametrize("dtype", ["int8", "f32"])
+def test_streaming_from_flash_computes_what_weights_in_ram_compute(tmp_path, dtype):
+    """Untied head and sequential residual: every streamed read (layer W and P blocks, embedding row
+    and scale, head chunks and their scales) lands where the in-RAM layout has it."""
+    torch.manual_seed(1)
+    model = build_model(ODD_SHAPE).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    export(_save(model, tmp_path / "ckpt"), tmp_path / "out", dtype)
+    ram, flash = (GPT(str(tmp_path / "out" / "model.bin"), stream=s) for s in (False, True))
+    assert ram.chunk < ram.h.vocab  # the head really runs in several chunks
+    ids = [299, 0, 150, 7, 7, 42, 298, 1]
+    for pos, t in enumerate(ids):
+        assert list(flash.forward(t, pos)) == list(ram.forward(t, pos))
+    flash.close()
+
+
 def test_cli_prints_sizes_and_ram_and_refuses_over_budget(tmp_path):
     ckpt = _save(build_model(MODEL_PRESETS["rp2040-quality"]), tmp_path / "ckpt")
     ok = _cli(ckpt, "--out", tmp_path / "q8", "--dtype", "int8")

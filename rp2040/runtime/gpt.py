@@ -12,22 +12,34 @@ from . import kernels as K
 from .modelfile import read_header, read_into, verify_checksum
 
 
+# int8 models keep K and V as int16 rows with one float scale per row (layer, position): half the
+# bytes of a float cache, and 1/32767 of the row's largest value, finer than the activations' fixed point.
+KV_LEVELS = 32767
+ITEMSIZE = {"b": 1, "h": 2, "i": 4, "f": 4}
+
+
+def head_chunk(h):
+    """Rows of the output head computed per step: the largest matrix a layer has, so `acc` and the
+    streaming buffers of a layer hold one chunk and no buffer grows with the vocabulary but logits."""
+    return max(3 * h.hidden, h.inter)
+
+
 def plan_buffers(h, lay, stream):
     """Every buffer the model needs: [(name, typecode, items)], largest first.
 
     Shared with the exporter, whose RAM estimate is the sum of these plus a fixed overhead.
+    Streaming keeps no weights: each layer's W and P blocks, the embedding row of the token and
+    the head's chunks are read from flash into `layer` and `layer_params`; only the final norm stays.
     """
     d, n, v = h.hidden, h.inter, h.vocab
-    resident_w = lay.n_weights
-    plan = []
-    if stream:  # embedding (+ untied head) stay; layers come from flash into one buffer
-        resident_w = lay.w_layers0 + (0 if h.tied else v * d)
-        plan.append(("layer", h.typecode, lay.w_layer))
+    if stream:
+        plan = [("layer", h.typecode, lay.w_layer), ("layer_params", "f", lay.p_layer), ("params", "f", 2 * d)]
+    else:
+        plan = [("weights", h.typecode, lay.n_weights), ("params", "f", lay.n_params)]
+    kv = h.layers * h.context
     plan += [
-        ("weights", h.typecode, resident_w),
-        ("params", "f", lay.n_params),
-        ("k_cache", "f", h.layers * h.context * d),
-        ("v_cache", "f", h.layers * h.context * d),
+        ("k_cache", "h" if h.int8 else "f", kv * d),
+        ("v_cache", "h" if h.int8 else "f", kv * d),
         ("logits", "f", v),
         ("scores", "f", h.context),
         ("x", "f", d), ("h1", "f", d), ("h2", "f", d), ("attn", "f", d), ("out", "f", d),
@@ -36,14 +48,14 @@ def plan_buffers(h, lay, stream):
         ("rope_sin", "f", h.context * (h.rotary_dims // 2)),
     ]
     if h.int8:
-        plan += [("xq", "i", max(d, n)), ("acc", "i", max(3 * d, n, v))]
-    plan.sort(key=lambda e: -e[2] * (1 if e[1] == "b" else 4))
+        plan += [("k_scale", "f", kv), ("v_scale", "f", kv), ("xq", "i", max(d, n)), ("acc", "i", head_chunk(h))]
+    plan.sort(key=lambda e: -e[2] * ITEMSIZE[e[1]])
     return plan
 
 
 def buffer_bytes(plan):
     """Bytes of the arrays in a plan (payload only)."""
-    return sum(items * (1 if tc == "b" else 4) for _, tc, items in plan)
+    return sum(items * ITEMSIZE[tc] for _, tc, items in plan)
 
 
 class Zeros:
@@ -68,21 +80,19 @@ class GPT:
         h, lay = read_header(self.f)
         self.h, self.lay, self.stream = h, lay, stream
         self.checksum_verified = verify_checksum(self.f, lay) if verify else False
+        self.k_scale = self.v_scale = None  # float KV cache unless the plan has int16 rows
         gc.collect()  # then the largest buffers first, while the heap is least fragmented
         for name, typecode, items in plan_buffers(h, lay, stream):
             setattr(self, name, array(typecode, Zeros(items)))
-        read_into(self.f, lay.p_offset, self.params, 4 * lay.n_params)
-        w = self.weights
         if stream:
-            embed = lay.w_layers0  # vocab x hidden elements, like an untied head
-            read_into(self.f, lay.w_offset, memoryview(w)[:embed], embed * h.itemsize)
-            if not h.tied:
-                read_into(self.f, lay.w_offset + lay.w_head * h.itemsize, memoryview(w)[embed:], embed * h.itemsize)
-            self.head_off = 0 if h.tied else embed
+            self.p_base = lay.final_ln_w  # `params` holds P from the final norm on
+            read_into(self.f, lay.p_offset + 4 * self.p_base, self.params, 8 * h.hidden)
         else:
-            read_into(self.f, lay.w_offset, w, lay.n_weights * h.itemsize)
-            self.head_off = 0 if h.tied else lay.w_head
+            self.p_base = 0
+            read_into(self.f, lay.p_offset, self.params, 4 * lay.n_params)
+            read_into(self.f, lay.w_offset, self.weights, lay.n_weights * h.itemsize)
             self.f.close()
+        self.chunk = head_chunk(h)
         self._init_rope()
         self.scale = 1.0 / math.sqrt(h.head_dim)
 
@@ -95,32 +105,43 @@ class GPT:
                 self.rope_cos[pos * half + i] = math.cos(pos * inv_freq)
                 self.rope_sin[pos * half + i] = math.sin(pos * inv_freq)
 
-    def _layer_weights(self, layer):
-        """(buffer, offset) of a layer's matrices, reading them from flash when streaming."""
-        lay = self.lay
+    def _fetch(self, w_el, w_len, p_el, p_len):
+        """(w, w_off, p, p_off) addressing W elements w_el.. and P elements p_el..; streaming reads
+        w_len and p_len of them from flash into the layer buffers first."""
         if not self.stream:
-            return self.weights, lay.w_layers0 + layer * lay.w_layer
-        off = lay.w_offset + (lay.w_layers0 + layer * lay.w_layer) * self.h.itemsize
-        read_into(self.f, off, self.layer, lay.w_layer * self.h.itemsize)
-        return self.layer, 0
+            return self.weights, w_el, self.params, p_el
+        h, lay = self.h, self.lay
+        read_into(self.f, lay.w_offset + w_el * h.itemsize, memoryview(self.layer)[:w_len], w_len * h.itemsize)
+        if p_len:
+            read_into(self.f, lay.p_offset + 4 * p_el, memoryview(self.layer_params)[:p_len], 4 * p_len)
+        return self.layer, 0, self.layer_params, 0
 
-    def _linear(self, out, x, n_out, n_in, w, w_off, s_off, b_off):
+    def _linear(self, out, x, n_out, n_in, w, w_off, p, s_off, b_off):
         if self.h.int8:
-            factor = K.quantize(self.xq, x, n_in)
-            K.matvec_i8(out, w, w_off, self.xq, factor, n_out, n_in, self.params, s_off, b_off, self.acc)
+            factor = K.quantize(self.xq, 0, x, 0, n_in, K.activation_levels(n_in))
+            K.matvec_i8(out, w, w_off, self.xq, factor, n_out, n_in, p, s_off, b_off, self.acc)
         else:
-            K.matvec_f32(out, w, w_off, x, n_out, n_in, self.params, b_off)
+            K.matvec_f32(out, w, w_off, x, n_out, n_in, p, b_off)
 
     def _embed(self, token):
-        d, x, w = self.h.hidden, self.x, self.weights
-        k = token * d
-        s = self.params[self.lay.s_embed + token] if self.h.int8 else 1.0
+        d, x = self.h.hidden, self.x
+        w, k, p, s = self._fetch(token * d, d, self.lay.s_embed + token, 1 if self.h.int8 else 0)
+        scale = p[s] if self.h.int8 else 1.0
         for i in range(d):
-            x[i] = w[k + i] * s
+            x[i] = w[k + i] * scale
+
+    def _head(self, x):
+        """logits = head(x), `chunk` rows at a time (tied: the embedding's rows and scales)."""
+        h, lay, d = self.h, self.lay, self.h.hidden
+        logits = memoryview(self.logits)
+        for r0 in range(0, h.vocab, self.chunk):
+            rows = min(self.chunk, h.vocab - r0)
+            w, w0, p, s0 = self._fetch(lay.w_head + r0 * d, rows * d, lay.s_head + r0, rows if h.int8 else 0)
+            self._linear(logits[r0:r0 + rows], x, rows, d, w, w0, p, s0, -1)
 
     def forward(self, token, pos):
         """Run one token at position `pos` (0-based, < context); returns the `logits` array."""
-        h, lay, p = self.h, self.lay, self.params
+        h, lay = self.h, self.lay
         if not 0 <= pos < h.context:
             raise ValueError("position %d outside the model's context of %d" % (pos, h.context))
         if not 0 <= token < h.vocab:
@@ -130,36 +151,42 @@ class GPT:
         rope = pos * half  # this position's row of the cos/sin tables
         self._embed(token)
         for layer in range(h.layers):
-            w, w0 = self._layer_weights(layer)
-            pb = layer * lay.p_layer
-            sb = lay.s_layers0 + layer * lay.s_layer
+            w, w0, p, pb = self._fetch(lay.w_layers0 + layer * lay.w_layer, lay.w_layer,
+                                       layer * lay.p_layer, lay.p_layer)
             K.layernorm(h1, x, d, p, pb + lay.ln1_w, pb + lay.ln1_b, h.norm_eps)
-            self._linear(qkv, h1, 3 * d, d, w, w0 + lay.qkv, sb, pb + lay.qkv_b)
+            self._linear(qkv, h1, 3 * d, d, w, w0 + lay.qkv, p, pb + lay.qkv_s, pb + lay.qkv_b)
             for head in range(h.heads):
                 K.rotate(qkv, head * hd, self.rope_cos, self.rope_sin, rope, half)
                 K.rotate(qkv, d + head * hd, self.rope_cos, self.rope_sin, rope, half)
-            base = layer * h.context * d
+            base = layer * h.context * d  # this layer's cache rows, one per position
             kv = base + pos * d
-            for i in range(d):
-                self.k_cache[kv + i] = qkv[d + i]
-                self.v_cache[kv + i] = qkv[2 * d + i]
-            K.attend(att, qkv, self.k_cache, self.v_cache, base, pos, h.heads, hd, d, self.scores, self.scale)
-            self._linear(out, att, d, d, w, w0 + lay.dense, sb + 3 * d, pb + lay.dense_b)
+            srow = layer * h.context  # and their scales (int8 models)
+            if h.int8:
+                self.k_scale[srow + pos] = K.quantize(self.k_cache, kv, qkv, d, d, KV_LEVELS)
+                self.v_scale[srow + pos] = K.quantize(self.v_cache, kv, qkv, 2 * d, d, KV_LEVELS)
+            else:
+                for i in range(d):
+                    self.k_cache[kv + i] = qkv[d + i]
+                    self.v_cache[kv + i] = qkv[2 * d + i]
+            K.attend(att, qkv, self.k_cache, self.v_cache, base, pos, h.heads, hd, d, self.scores, self.scale,
+                     self.k_scale, self.v_scale, srow)
+            self._linear(out, att, d, d, w, w0 + lay.dense, p, pb + lay.dense_s, pb + lay.dense_b)
             if not h.parallel_residual:
                 for i in range(d):
                     x[i] += out[i]
             K.layernorm(h2, x, d, p, pb + lay.ln2_w, pb + lay.ln2_b, h.norm_eps)
-            self._linear(mlp, h2, n, d, w, w0 + lay.fc_in, sb + 4 * d, pb + lay.fc_in_b)
+            self._linear(mlp, h2, n, d, w, w0 + lay.fc_in, p, pb + lay.fc_in_s, pb + lay.fc_in_b)
             K.gelu(mlp, n)
-            self._linear(h2, mlp, d, n, w, w0 + lay.fc_out, sb + 4 * d + n, pb + lay.fc_out_b)
+            self._linear(h2, mlp, d, n, w, w0 + lay.fc_out, p, pb + lay.fc_out_s, pb + lay.fc_out_b)
             if h.parallel_residual:
                 for i in range(d):
                     x[i] += out[i] + h2[i]
             else:
                 for i in range(d):
                     x[i] += h2[i]
-        K.layernorm(h1, x, d, p, lay.final_ln_w, lay.final_ln_b, h.norm_eps)
-        self._linear(self.logits, h1, h.vocab, d, self.weights, self.head_off, lay.s_head, -1)
+        pf = lay.final_ln_w - self.p_base
+        K.layernorm(h1, x, d, self.params, pf, pf + d, h.norm_eps)
+        self._head(h1)
         return self.logits
 
     def close(self):

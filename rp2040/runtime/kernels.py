@@ -56,21 +56,29 @@ def matvec_f32(out, w, w_off, x, n_out, n_in, p, b_off):
         k += n_in
 
 
-def quantize(xq, x, n):
-    """Write x[:n] as fixed-point ints into xq; return the factor that converts back (x ~ xq * f)."""
+def quantize(q, q_off, x, x_off, n, levels):
+    """q[q_off:][:n] = round(x[x_off:][:n] / scale) with scale = max|x| / levels; returns scale (x ~ q * scale).
+
+    Used for the int8 path's fixed-point activations and for its int16 KV cache rows.
+    """
     m = 0.0
     for i in range(n):
-        a = abs(x[i])
+        a = abs(x[x_off + i])
         if a > m:
             m = a
     if m == 0.0:
         for i in range(n):
-            xq[i] = 0
+            q[q_off + i] = 0
         return 0.0
-    s = (ACC_BOUND // (127 * n)) / m
+    scale = m / levels
     for i in range(n):
-        xq[i] = round(x[i] * s)
-    return 1.0 / s
+        q[q_off + i] = round(x[x_off + i] / scale)
+    return scale
+
+
+def activation_levels(n):
+    """Fixed-point levels for an n-input int8 dot product: the accumulator stays below ACC_BOUND."""
+    return ACC_BOUND // (127 * n)
 
 
 def rows_dot_i8(acc, w, w_off, xq, n_out, n_in):
@@ -109,8 +117,12 @@ def rotate(v, off, cos, sin, t_off, half):
         v[off + half + i] = b * c + a * s
 
 
-def attend(out, q, kc, vc, base, t, heads, hd, stride, scores, scale):
-    """Causal attention of one query over cached positions 0..t (K/V rows at base + j*stride)."""
+def attend(out, q, kc, vc, base, t, heads, hd, stride, scores, scale, ks, vs, s_base):
+    """Causal attention of one query over cached positions 0..t (K/V rows at base + j*stride).
+
+    ks/vs: per-position scales of an integer cache (row j is kc[row] * ks[s_base + j]), or None
+    for a float cache.
+    """
     for h in range(heads):
         qo = h * hd
         best = -1e30
@@ -119,7 +131,7 @@ def attend(out, q, kc, vc, base, t, heads, hd, stride, scores, scale):
             s = 0.0
             for e in range(hd):
                 s += q[qo + e] * kc[k + e]
-            s *= scale
+            s *= scale if ks is None else scale * ks[s_base + j]
             scores[j] = s
             if s > best:
                 best = s
@@ -127,8 +139,8 @@ def attend(out, q, kc, vc, base, t, heads, hd, stride, scores, scale):
         total = 0.0
         for j in range(t + 1):
             e = math.exp(scores[j] - best)
-            scores[j] = e
             total += e
+            scores[j] = e if vs is None else e * vs[s_base + j]  # folds the V row's scale into its weight
         for e in range(hd):
             s = 0.0
             k = base + qo + e

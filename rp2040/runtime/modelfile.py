@@ -1,7 +1,7 @@
 """Reader of model.bin (spec: rp2040/FORMAT.md; the only writer is rp2040/export.py).
 
-The file is a 64-byte header, then section P (float32: norms, biases and, for int8, one scale per
-matrix row), then section W (the matrices, float32 or int8), then a CRC-32 of everything before it.
+The file is a 64-byte header, then section P (float32: per layer its norms, biases and, for int8,
+one scale per matrix row; then the final norm and the embedding's scales), then section W (the matrices, float32 or int8), then a CRC-32 of everything before it.
 This module decodes the header, computes where every tensor sits, and reads sections into buffers
 the caller allocated (so the caller controls allocation order).
 """
@@ -13,7 +13,7 @@ except ImportError:  # a build without binascii.crc32 cannot verify the checksum
     crc32 = None
 
 MAGIC = b"PNXM"
-VERSION = 1
+VERSION = 2
 HEADER_SIZE = 64
 # magic, version, dtype, flags, vocab, hidden, layers, heads, intermediate, context, rotary dims,
 # P floats, W bytes, norm eps, rotary base; the rest of the 64 bytes is reserved (zero).
@@ -51,32 +51,32 @@ class Header:
 
 
 class Layout:
-    """Offsets of every tensor, in elements: float32 elements of P and weight elements of W."""
+    """Offsets of every tensor, in elements: float32 elements of P and weight elements of W.
+
+    P holds one contiguous block per layer (norms, biases and, for int8, that layer's row scales),
+    so a runtime short of RAM reads a layer's P block and W block per step and keeps neither.
+    """
 
     def __init__(self, h):
         d, n, v, layers = h.hidden, h.inter, h.vocab, h.layers
-        # P per layer: ln1.w ln1.b ln2.w ln2.b qkv.b[3d] dense.b[d] fc_in.b[n] fc_out.b[d]
+        # P block of a layer: ln1.w ln1.b ln2.w ln2.b qkv.b[3d] dense.b[d] fc_in.b[n] fc_out.b[d],
+        # then int8 only: row scales of qkv[3d] dense[d] fc_in[n] fc_out[d].
         self.ln1_w, self.ln1_b, self.ln2_w, self.ln2_b = 0, d, 2 * d, 3 * d
         self.qkv_b, self.dense_b, self.fc_in_b, self.fc_out_b = 4 * d, 7 * d, 8 * d, 8 * d + n
-        self.p_layer = 9 * d + n
+        self.qkv_s, self.dense_s, self.fc_in_s, self.fc_out_s = 9 * d + n, 12 * d + n, 13 * d + n, 13 * d + 2 * n
+        self.p_layer = 9 * d + n + (5 * d + n if h.int8 else 0)
+        # After the layers: final norm, then int8 only: embedding row scales[v], untied head's[v].
         self.final_ln_w = layers * self.p_layer
         self.final_ln_b = self.final_ln_w + d
-        # int8 only, after the final norm: one scale per matrix row, matrices in W order.
-        self.scales = self.final_ln_b + d
-        self.s_embed = self.scales
-        self.s_layer = 5 * d + n  # qkv 3d rows, dense d, fc_in n, fc_out d
-        self.s_layers0 = self.s_embed + v
-        self.s_head = self.s_layers0 + layers * self.s_layer if not h.tied else self.s_embed
-        n_params = self.scales
-        if h.int8:
-            n_params += v + layers * self.s_layer + (0 if h.tied else v)
-        self.n_params = n_params
+        self.s_embed = self.final_ln_b + d
+        self.s_head = self.s_embed + (0 if h.tied else v)
+        self.n_params = self.s_embed + ((v if h.tied else 2 * v) if h.int8 else 0)
         # W: embedding [v x d]; per layer qkv [3d x d] dense [d x d] fc_in [n x d] fc_out [d x n]; head.
         self.qkv, self.dense, self.fc_in, self.fc_out = 0, 3 * d * d, 4 * d * d, 4 * d * d + n * d
         self.w_layer = 4 * d * d + 2 * n * d
         self.w_layers0 = v * d
-        self.w_head = self.w_layers0 + layers * self.w_layer
-        self.n_weights = self.w_head + (0 if h.tied else v * d)
+        self.w_head = 0 if h.tied else self.w_layers0 + layers * self.w_layer
+        self.n_weights = self.w_layers0 + layers * self.w_layer + (0 if h.tied else v * d)
         if self.n_params != h.n_params or self.n_weights * h.itemsize != h.weight_bytes:
             raise FormatError("model.bin header sizes do not match its shape (corrupt or foreign file)")
         self.p_offset = HEADER_SIZE  # byte offsets in the file
