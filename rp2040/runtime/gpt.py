@@ -2,7 +2,8 @@
 
 Matches transformers' GPTNeoXForCausalLM: LayerNorm, fused QKV (rows stored q|k|v by the exporter),
 partial rotary (rotate_half), causal softmax attention scaled by 1/sqrt(head_dim), parallel or
-sequential residual, exact GELU MLP, final LayerNorm, tied or untied head.
+sequential residual, exact GELU MLP, final LayerNorm, tied or untied head. int8 models keep an
+int16 KV cache; streaming keeps no weights in RAM (see plan_buffers).
 """
 import gc
 import math
