@@ -20,8 +20,10 @@ a folder's marker first, so a half-deleted folder never looks complete.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -224,6 +226,9 @@ class CheckpointUploader:
     # --- background thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
+        # Linux: a lower CPU priority for this thread only, so writing and hashing take idle cycles, not the step's.
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         while True:
             with self._cond:
                 while not self._queue and not self._closed:

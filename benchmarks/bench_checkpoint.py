@@ -1,0 +1,153 @@
+"""Checkpoint cost seen by the training loop: background write+upload vs steady state, blocking vs synchronous save.
+
+    .venv/bin/python benchmarks/bench_checkpoint.py [--threads 1] [--bucket fake-gcs|local] [--saves 4]
+
+A ~10M-parameter GPT-NeoX trains on the demo corpus (batch 8 x seq 128) on the CPU; checkpoints (~120 MB:
+weights + AdamW states) go to fake-gcs-server on 127.0.0.1 (a separate process, like a real bucket) or to a
+local directory. Goals: mean step time while an upload is in flight <= 1.10x the steady state; the blocking
+part of a save (copy off the device) <= 20% of a synchronous save+upload. `--threads 1` leaves a core for
+the uploader, as a GPU run leaves the CPU mostly idle; `--threads 2` shows the 2-core box fully contended.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("NO_GCE_CHECK", "true")
+os.environ.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")
+os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from configs.model import ModelConfig, build_model  # noqa: E402
+from prepare_data import prepare  # noqa: E402
+from train import TrainerState, lm_loss  # noqa: E402
+from utils import checkpoint as ckpt  # noqa: E402
+from utils.loader import BlockLoader  # noqa: E402
+from utils.metrics import MetricsWriter  # noqa: E402
+from utils.optim import build_optimizer, build_scheduler  # noqa: E402
+from utils.storage import open_storage  # noqa: E402
+from utils.tokenizers import load_tokenizer  # noqa: E402
+from utils.uploader import CheckpointUploader, SaveRequest  # noqa: E402
+
+import transformers  # noqa: E402
+
+transformers.utils.logging.disable_progress_bar()  # save_pretrained's shard bar
+
+SEQ, BATCH = 128, 8
+
+
+class Run:
+    """A real model, optimizer and loader; step() trains once, snapshot() captures like train.py's save()."""
+
+    def __init__(self, data: Path, log_dir: Path):
+        torch.manual_seed(0)
+        self.cfg = ModelConfig(hidden_size=320, num_layers=8, num_heads=5, intermediate_size=1280,
+                               max_position_embeddings=SEQ, vocab_size=256)
+        self.model = build_model(self.cfg)
+        self.optimizer = build_optimizer(self.model, 1e-3, 0.1, (0.9, 0.95))
+        self.scheduler = build_scheduler(self.optimizer, 10, 10_000, 0.1)
+        self.loader = BlockLoader(data, "train", SEQ, BATCH, seed=0)
+        self.tokenizer = load_tokenizer(data)
+        self.metrics = MetricsWriter(log_dir, True)
+        self.state = TrainerState()
+
+    def step(self) -> float:
+        start = time.perf_counter()
+        x, y = next(self.loader)
+        lm_loss(self.model, x, y).backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.step += 1
+        return time.perf_counter() - start
+
+    def snapshot(self) -> ckpt.Snapshot:
+        return ckpt.capture(self.state.step, self.model, self.optimizer, self.scheduler, None, self.loader,
+                            self.state, self.metrics, {"model": self.cfg.to_dict()}, self.tokenizer)
+
+
+def open_bucket(kind: str, tmp: Path):
+    """(storage for the run, a stop function) on fake-gcs-server or a local directory."""
+    if kind == "local":
+        return open_storage(str(tmp / "bucket")).child("run"), lambda: None
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    from tests.gcs_servers import start_fake_gcs
+
+    server = start_fake_gcs()
+    # Real GCS does not run on the training machine: the stand-in server gets only idle CPU.
+    os.setpriority(os.PRIO_PROCESS, server._process.pid, 19)
+    os.environ["STORAGE_EMULATOR_HOST"] = server.url
+    storage.Client(project="bench", credentials=AnonymousCredentials()).create_bucket("bench")
+    return open_storage("gs://bench/ckpt").child("run"), server.stop
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=1, help="torch threads for training (default 1)")
+    p.add_argument("--bucket", choices=("fake-gcs", "local"), default="fake-gcs")
+    p.add_argument("--saves", type=int, default=6, help="background saves to time (default 6)")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        data = prepare(["demo"], name="demo-byte-p10", out_dir=tmp / "data", tokenizer="byte", dataset_percent=10)
+        run = Run(data, tmp / "logs")
+        store, stop_server = open_bucket(args.bucket, tmp)
+        try:
+            for _ in range(5):  # warm-up: allocator, AdamW states
+                run.step()
+            steady = [run.step() for _ in range(30)]
+
+            in_flight, blocking, upload_s = [], [], []
+            with CheckpointUploader(store, keep_remote=2, keep_local=2, progress=False) as uploader:
+                for _ in range(args.saves):
+                    start = time.perf_counter()
+                    uploader.submit(SaveRequest(run.snapshot(), tmp / "ckpt" / ckpt.step_dir_name(run.state.step)))
+                    blocking.append(time.perf_counter() - start)
+                    while uploader.pending():
+                        in_flight.append(run.step())
+                    [result] = uploader.poll()
+                    assert result.ok, result.error
+                    upload_s.append(result.seconds)
+                    for _ in range(3):  # let the box settle between saves
+                        run.step()
+
+            sync = []
+            with CheckpointUploader(store, keep_remote=2, keep_local=2, background=False) as uploader:
+                for _ in range(2):
+                    run.step()
+                    start = time.perf_counter()
+                    uploader.submit(SaveRequest(run.snapshot(), tmp / "ckpt" / ckpt.step_dir_name(run.state.step)))
+                    sync.append(time.perf_counter() - start)
+                    assert uploader.poll()[0].ok
+            latest = ckpt.latest_complete(tmp / "ckpt")
+            size_mb = sum(f.stat().st_size for f in latest.iterdir()) / 1e6
+        finally:
+            stop_server()
+
+    params = sum(p.numel() for p in run.model.parameters())
+    steady_s, flight_s = statistics.mean(steady), statistics.mean(in_flight)
+    print(f"model {params / 1e6:.1f}M params, batch {BATCH} x seq {SEQ}, torch threads {args.threads}, "
+          f"bucket {args.bucket}; checkpoint {size_mb:.0f} MB, write+upload {statistics.mean(upload_s):.2f} s in the background")
+    print(f"step time steady      {steady_s * 1e3:7.1f} ms (mean of {len(steady)})")
+    print(f"step time in flight   {flight_s * 1e3:7.1f} ms (mean of {len(in_flight)} steps during {args.saves} uploads)"
+          f"  ratio {flight_s / steady_s:.2f}x (goal <= 1.10x)")
+    block_s, sync_s = statistics.mean(blocking), statistics.mean(sync)
+    print(f"save, blocking part   {block_s * 1e3:7.1f} ms (capture off the device + submit)")
+    print(f"save, synchronous     {sync_s * 1e3:7.1f} ms (capture + write + upload)"
+          f"  ratio {block_s / sync_s:.1%} (goal <= 20%)")
+
+
+if __name__ == "__main__":
+    main()
