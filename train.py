@@ -241,6 +241,10 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     if args.checkpoint_bucket:
         bucket = open_storage(args.checkpoint_bucket, args.credentials, timeout_s=args.grace_seconds).child(run)
     remote_cache = Path(args.output_dir) / ".remote-cache"
+    # On every rank, so bad settings fail everywhere at once; only the main process saves, so only it has a thread.
+    uploader = cleanup.enter_context(CheckpointUploader(
+        bucket, keep_remote=tc.keep_last, keep_local=tc.keep_last, max_failures=args.max_upload_failures,
+        background=is_main and not args.no_background_upload))
 
     # Resume target (decided before building anything heavy, so a bad path fails fast).
     resume_from = None
@@ -298,12 +302,6 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         log.info(f"resumed from {resume_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
     if state.step >= tc.max_steps:
         raise PiconeoxError(f"--max-steps {tc.max_steps}: the resumed run is already at step {state.step}; raise --max-steps")
-
-    uploader = None
-    if is_main:
-        uploader = cleanup.enter_context(CheckpointUploader(
-            bucket, keep_remote=tc.keep_last, keep_local=tc.keep_last, max_failures=args.max_upload_failures,
-            background=not args.no_background_upload))
 
     saved_step = state.step  # the step of the newest full checkpoint handed to the uploader
 
@@ -426,7 +424,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
             text = sample_text(unwrapped, tokenizer, args.sample_prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=tc.seed)
             log.info("sample:\n" + text)
     accelerator.end_training()
-    if uploader is not None and uploader.fatal:
+    if uploader.fatal:
         raise UploadFailed(uploader.fatal)
     return 0
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from configs.model import ModelConfig, build_model
+from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse fixture: fresh Accelerator per run)
 from utils import checkpoint as ckpt
 from utils.errors import PiconeoxError
 from utils.loader import BlockLoader
@@ -169,7 +170,7 @@ def test_second_upload_of_a_step_never_overwrites(trainer, tmp_path, fake_gcs, c
     with CheckpointUploader(store, background=False) as uploader:
         uploader.submit(SaveRequest(trainer.snapshot(), tmp_path / "b" / "step-00000001"))
         [result] = uploader.poll()
-    assert result.ok and result.uploaded_to is None
+    assert result.ok and result.uploaded_to == f"{fake_gcs.url()}/run/step-00000001"
     assert (tmp_path / "b" / "step-00000001" / "model.safetensors").read_bytes() != first
     assert fake_gcs.read("run/step-00000001/model.safetensors") == first
     assert "already complete in the bucket; kept as is" in caplog.text
@@ -228,23 +229,32 @@ def test_server_killed_during_upload_training_goes_on(trainer, tmp_path, emulato
     assert latest_loads(store, tmp_path / "cache") == 3
 
 
-def test_dead_server_replaces_queued_then_turns_fatal(trainer, tmp_path, emulator, caplog, capsys):
+def test_dead_server_backpressure_then_fatal(trainer, tmp_path, emulator, caplog, capsys):
     run_dir = tmp_path / "ckpt" / "run"
     store = open_storage("gs://ckpt-bucket", timeout_s=TIMEOUT_S).child("run")
     emulator.stop()
     uploader = CheckpointUploader(store, keep_remote=2, max_failures=2)
     with uploader:
-        for _ in range(3):  # the first is in flight (failing for ~2 s); the third replaces the queued second
+        for _ in range(3):  # faster than the uploader can go: submit() waits rather than queue a third snapshot
             trainer.step()
             uploader.submit(SaveRequest(trainer.snapshot(), run_dir / ckpt.step_dir_name(trainer.state.step)))
-        assert uploader.pending() == 2
+            assert uploader.pending() <= 2
         assert uploader.flush(timeout=60)
         results = uploader.poll()
-    assert [r.step for r in results] == [1, 3] and not any(r.ok for r in results)
-    assert "step-00000002 was still waiting when step-00000003 came; it is skipped" in caplog.text
+        assert [r.step for r in results] == [1, 2, 3]
+        assert all(ckpt.check_complete(run_dir / ckpt.step_dir_name(s)) is None for s in (1, 2, 3))  # all written
+        # only the newest goes up; an older one is skipped when a newer one was already waiting behind it
+        assert "upload failed" in results[-1].error
+        for r in results[:-1]:
+            assert (not r.ok and "upload failed" in r.error) or (r.uploaded_to is None and "not uploaded" in r.note)
+        assert "flush checkpoints" in capsys.readouterr().err  # the progress line
+        while uploader.fatal is None:  # failures in a row, one per save, until --max-upload-failures
+            trainer.step()
+            uploader.submit(SaveRequest(trainer.snapshot(), run_dir / ckpt.step_dir_name(trainer.state.step)))
+            uploader.flush(timeout=60)
+            uploader.poll()
+    assert uploader.consecutive_failures == 2 and trainer.state.step <= 5
     assert uploader.fatal.startswith("2 checkpoint saves failed in a row (--max-upload-failures 2)")
-    assert "flush checkpoints" in capsys.readouterr().err  # the progress line
-    assert ckpt.check_complete(run_dir / "step-00000003") is None and not (run_dir / "step-00000002").exists()
     emulator.start()
 
 
@@ -276,3 +286,17 @@ def test_synchronous_mode_and_bad_settings(trainer, tmp_path):
         CheckpointUploader(open_storage(str(bucket_dir)), keep_remote=1, background=False)
     with pytest.raises(PiconeoxError, match="--max-upload-failures 0: must be at least 1"):
         CheckpointUploader(None, max_failures=0, background=False)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--grace-seconds", "0"], "--grace-seconds 0.0: must be a positive number of seconds"),
+    (["--max-upload-failures", "0"], "--max-upload-failures 0: must be at least 1"),
+    (["--checkpoint-bucket", "gs://Bad_Bucket!"], "bad bucket name 'Bad_Bucket!'"),
+    (["--checkpoint-bucket", "BUCKET", "--keep-last", "1"], "keep_last=1: with --checkpoint-bucket keep at least 2"),
+])
+def test_bad_checkpoint_flags_are_one_line(tmp_path, tiny_data, capsys, extra, message):
+    extra = [str(tmp_path / "bucket") if e == "BUCKET" else e for e in extra]
+    code, _, _ = run(tmp_path, tiny_data, "--max-steps", "2", *extra)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and err.startswith("error: ") and "Traceback" not in err
+    assert not (tmp_path / "bucket").exists()

@@ -12,7 +12,9 @@ remote checkpoints and rotates the local ones. With `background=False` the same 
     uploader.close()                        # every exit path: flush with a progress bar
 
 Bounded memory: one request in flight and at most one queued per kind (full step checkpoint, weights-only
-best/); a newer request replaces the queued one of its kind, never an unbounded queue of snapshots.
+best/), never an unbounded queue of snapshots. A newer request waits for the queued one of its kind to
+start (every local step folder gets written), and a step folder whose successor is already queued is
+not uploaded: when saving is slower than --save-every, the bucket gets the newest checkpoints only.
 Never silent: each outcome reaches the training thread through `poll()`, which logs it and counts
 failures; `fatal` is set after `max_failures` failures in a row. Never destructive: a complete remote
 checkpoint is never overwritten (`if_absent`, i.e. `if_generation_match=0` on GCS), and pruning deletes
@@ -55,7 +57,7 @@ class SaveRequest:
 
     @property
     def kind(self) -> str:
-        """Requests of one kind replace each other while queued."""
+        """At most one request of each kind waits in the queue."""
         return "weights" if self.weights_only else "full"
 
 
@@ -64,8 +66,10 @@ class SaveResult:
     """What became of one SaveRequest; `poll()` reports each exactly once.
 
     error: None on success, else one line saying which phase failed and why.
-    uploaded_to: the remote folder when this save was uploaded, else None.
+    uploaded_to: the remote folder holding this checkpoint complete, else None (no bucket, best/, or
+        skipped because a newer checkpoint was already waiting: see `note`).
     seconds: time from the start of the write to the end of the upload and pruning.
+    note: what else the log should say about it.
     """
 
     folder: Path
@@ -73,6 +77,7 @@ class SaveResult:
     error: str | None = None
     uploaded_to: str | None = None
     seconds: float = 0.0
+    note: str = ""
 
     @property
     def ok(self) -> bool:
@@ -126,19 +131,23 @@ class CheckpointUploader:
     # --- training thread -------------------------------------------------------------------------------
 
     def submit(self, request: SaveRequest) -> None:
-        """Persist `request`: queued for the thread (replacing a queued one of its kind), or now when not background."""
+        """Persist `request`: queued for the thread (first waiting while one of its kind is queued), or now when
+        not background."""
         if self._closed:
             raise RuntimeError("submit() after close()")
         if not self.background:
             self._results.append(self._persist(request))
             return
+        start = time.monotonic()
         with self._cond:
-            replaced = self._queue.pop(request.kind, None)
+            while request.kind in self._queue:  # backpressure: the queued one must start first
+                self._cond.wait()
             self._queue[request.kind] = request
             self._cond.notify_all()
-        if replaced is not None:
-            log.warning(f"checkpoint {replaced.folder} was still waiting when {request.folder.name} came; "
-                        "it is skipped (saving is slower than --save-every)")
+        waited = time.monotonic() - start
+        if waited > 0.1:
+            log.warning(f"training waited {waited:.1f} s to queue checkpoint {request.folder.name}: saving is slower "
+                        "than --save-every (the bucket gets only the newest of the waiting checkpoints)")
 
     def poll(self) -> list[SaveResult]:
         """Outcomes finished since the last call: logged, failures counted, `fatal` set after too many in a row."""
@@ -146,9 +155,10 @@ class CheckpointUploader:
             results, self._results = self._results, []
         for r in results:
             if r.ok:
-                self.consecutive_failures = 0
+                if r.uploaded_to or self.store is None:  # best/ and skipped uploads say nothing about the bucket
+                    self.consecutive_failures = 0
                 where = f", uploaded to {r.uploaded_to}" if r.uploaded_to else ""
-                log.info(f"saved checkpoint {r.folder}{where} ({r.seconds:.1f} s in the background)")
+                log.info(f"saved checkpoint {r.folder}{where} ({r.seconds:.1f} s){r.note}")
                 continue
             self.failures += 1
             self.consecutive_failures += 1
@@ -190,6 +200,7 @@ class CheckpointUploader:
         with self._cond:
             dropped = [r.folder.name for r in self._queue.values()]
             self._queue.clear()
+            self._cond.notify_all()
         self._cancel.set()
         if dropped:
             log.error(f"dropped unsaved checkpoint(s) {', '.join(dropped)}")
@@ -237,6 +248,7 @@ class CheckpointUploader:
                     return
                 _, request = self._queue.popitem(last=False)
                 self._in_flight = request
+                self._cond.notify_all()  # a submit() may be waiting for this slot
             result = self._persist(request)
             with self._cond:
                 self._results.append(result)
@@ -253,24 +265,31 @@ class CheckpointUploader:
             self._phase = f"writing {request.folder.name}"
             ckpt.write(request.snapshot, request.folder, request.weights_only)
             if self.store is not None and not request.weights_only:
-                phase = "upload"
-                result.uploaded_to = self._upload(request.folder)
-                phase = "prune old remote checkpoints after the upload"
-                self._prune_remote()
+                with self._cond:
+                    newer = self._queue.get(request.kind)
+                if newer is not None:
+                    result.note = f"; not uploaded: {newer.folder.name} is already waiting"
+                else:
+                    phase = "upload"
+                    result.uploaded_to = self._upload(request.folder)
+                    phase = "prune old remote checkpoints after the upload"
+                    self._prune_remote()
             if not request.weights_only:
                 ckpt.rotate(request.folder.parent, self.keep_local)
         except (PiconeoxError, OSError) as e:
             result.error = f"{phase} failed: {e}"
+        except Exception as e:  # a bug must still reach poll(), not kill the thread and hang flush()
+            result.error = f"{phase} failed: {type(e).__name__}: {e}"
         result.seconds = time.monotonic() - start
         return result
 
-    def _upload(self, folder: Path) -> str | None:
-        """Upload a complete local step folder, marker last; None when the bucket already has it complete."""
+    def _upload(self, folder: Path) -> str:
+        """Upload a complete local step folder, marker last; return the remote folder (complete either way)."""
         remote = self.store.child(folder.name)
         existing = remote.list(checksums=False)
         if ckpt.MARKER in existing:
             log.warning(f"{remote.url} is already complete in the bucket; kept as is (never overwritten)")
-            return None
+            return remote.url
         for name in existing:  # leftovers of an upload cut short: not part of any complete checkpoint
             remote.delete(name)
         files = list(json.loads((folder / ckpt.MARKER).read_text())["files"])
@@ -283,7 +302,6 @@ class CheckpointUploader:
             remote.put(folder / ckpt.MARKER, ckpt.MARKER, if_absent=True)
         except ObjectExists:  # another writer finished the same step first: theirs stays
             log.warning(f"{remote.url} was completed by another writer meanwhile; kept theirs")
-            return None
         return remote.url
 
     def _prune_remote(self) -> None:
