@@ -1,6 +1,8 @@
 """Resuming from the bucket and from damaged local folders; kill -9 at random points loses nothing."""
+import json
 import random
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -111,3 +113,22 @@ def test_auto_prefers_a_newer_local_checkpoint_over_the_bucket(tmp_path, tiny_da
     assert code == 0 and len(losses) == 22
     assert f"resumed from {tmp_path / 'ckpt' / 'run' / 'step-00000020'} at step 20" in log
     assert not (tmp_path / "ckpt" / ".remote-cache").exists()
+
+
+def test_bucket_down_at_start_resumes_locally_and_training_goes_on(tmp_path, tiny_data, monkeypatch):
+    code, _, _ = run(tmp_path, tiny_data, "--max-steps", "10", "--save-every", "5", "--eval-every", "100")
+    assert code == 0
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{s.getsockname()[1]}")
+    code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "12", "--save-every", "5", "--eval-every", "100",
+                                "--resume", "auto", "--checkpoint-bucket", "gs://piconeox-down/ckpt",
+                                "--grace-seconds", "1")
+    log = (tmp_path / "logs" / "run" / "training.log").read_text()
+    assert code == 0 and len(losses) == 12
+    assert "--resume auto: could not list gs://piconeox-down/ckpt/run, using local checkpoints only" in log
+    assert f"resumed from {run_dir / 'step-00000010'} at step 10" in log
+    assert "step-00000012: upload failed" in log and "(1 failure(s) in a row, 1 in total; fatal at 3)" in log
+    assert ckpt.check_complete(run_dir / "step-00000012") is None
+    history = json.loads((tmp_path / "logs" / "run" / "history.json").read_text())
+    assert [h["upload/failures"] for h in history if "upload/failures" in h] == [1]  # also in TensorBoard

@@ -59,6 +59,13 @@ class Trainer:
                             self.state, self.metrics, self.run_config, self.tokenizer)
 
 
+@pytest.fixture(autouse=True)
+def logs_reach_caplog(monkeypatch, caplog):
+    """train.py's setup_logging stops "piconeox" records at its own handlers; let caplog see them here."""
+    monkeypatch.setattr(logging.getLogger("piconeox"), "propagate", True)
+    caplog.set_level(logging.INFO, logger="piconeox")
+
+
 @pytest.fixture
 def trainer(tiny_data, tmp_path) -> Trainer:
     return Trainer(tiny_data, tmp_path / "logs")
@@ -173,7 +180,7 @@ def test_second_upload_of_a_step_never_overwrites(trainer, tmp_path, fake_gcs, c
     assert result.ok and result.uploaded_to == f"{fake_gcs.url()}/run/step-00000001"
     assert (tmp_path / "b" / "step-00000001" / "model.safetensors").read_bytes() != first
     assert fake_gcs.read("run/step-00000001/model.safetensors") == first
-    assert "already complete in the bucket; kept as is" in caplog.text
+    assert "already complete in the bucket and is kept as is (never overwritten)" in caplog.text
 
 
 def test_keeps_last_n_remote_and_local_and_ignores_incomplete(trainer, tmp_path, bucket):
@@ -196,7 +203,6 @@ def test_keeps_last_n_remote_and_local_and_ignores_incomplete(trainer, tmp_path,
 def test_server_killed_during_upload_training_goes_on(trainer, tmp_path, emulator, caplog):
     run_dir = tmp_path / "ckpt" / "run"
     store = DiesDuringUpload(open_storage("gs://ckpt-bucket", timeout_s=TIMEOUT_S).child("run"), emulator.stop)
-    caplog.set_level(logging.INFO, logger="piconeox")
     uploader = CheckpointUploader(store, keep_remote=2, keep_local=5, max_failures=2)
     with uploader:
         trainer.step()

@@ -271,7 +271,7 @@ class CheckpointUploader:
                     result.note = f"; not uploaded: {newer.folder.name} is already waiting"
                 else:
                     phase = "upload"
-                    result.uploaded_to = self._upload(request.folder)
+                    result.uploaded_to, result.note = self._upload(request.folder)
                     phase = "prune old remote checkpoints after the upload"
                     self._prune_remote()
             if not request.weights_only:
@@ -283,13 +283,13 @@ class CheckpointUploader:
         result.seconds = time.monotonic() - start
         return result
 
-    def _upload(self, folder: Path) -> str:
-        """Upload a complete local step folder, marker last; return the remote folder (complete either way)."""
+    def _upload(self, folder: Path) -> tuple[str, str]:
+        """Upload a complete local step folder, marker last; return the remote folder (complete either way)
+        and a note for the log when it was complete before."""
         remote = self.store.child(folder.name)
         existing = remote.list(checksums=False)
         if ckpt.MARKER in existing:
-            log.warning(f"{remote.url} is already complete in the bucket; kept as is (never overwritten)")
-            return remote.url
+            return remote.url, "; it was already complete in the bucket and is kept as is (never overwritten)"
         for name in existing:  # leftovers of an upload cut short: not part of any complete checkpoint
             remote.delete(name)
         files = list(json.loads((folder / ckpt.MARKER).read_text())["files"])
@@ -301,8 +301,8 @@ class CheckpointUploader:
         try:
             remote.put(folder / ckpt.MARKER, ckpt.MARKER, if_absent=True)
         except ObjectExists:  # another writer finished the same step first: theirs stays
-            log.warning(f"{remote.url} was completed by another writer meanwhile; kept theirs")
-        return remote.url
+            return remote.url, "; another writer completed it meanwhile, theirs is kept"
+        return remote.url, ""
 
     def _prune_remote(self) -> None:
         """Delete complete remote checkpoints older than the newest `keep_remote` ones (marker first)."""
