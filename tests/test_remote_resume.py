@@ -15,7 +15,7 @@ from tests.conftest import REPO
 from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse fixture: fresh Accelerator per run)
 from utils import checkpoint as ckpt
 from utils.errors import PiconeoxError
-from utils.remote_checkpoint import fetch_resume, remote_steps
+from utils.remote_checkpoint import fetch_resume, latest_complete_step, remote_steps
 from utils.storage import open_storage
 
 
@@ -30,39 +30,52 @@ def one_thread(monkeypatch):
 
 
 def test_kill_9_at_five_random_points_then_resume_gives_the_uninterrupted_losses(tmp_path, tiny_data, gcs_emulator):
-    common = ("--max-steps", "240", "--save-every", "4", "--eval-every", "60", "--keep-last", "2")
+    common = ("--max-steps", "150", "--save-every", "5", "--eval-every", "50", "--keep-last", "2")
     _, straight, _ = run(tmp_path / "straight", tiny_data, *common)
     common += ("--checkpoint-bucket", gcs_emulator.url("ckpt"))
     out = tmp_path / "killed"
     cmd = [sys.executable, "train.py", *TINY, "--data", str(tiny_data), "--run-name", "run", "--output-dir",
            str(out / "ckpt"), "--log-dir", str(out / "logs"), "--resume", "auto", *common]
     run_dir, rng = out / "ckpt" / "run", random.Random(5)
-    for kill in range(5):
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        start = ckpt.latest_complete(run_dir, warn=lambda _: None)
-        target = (int(start.name[5:]) if start else 0) + 4 * rng.randint(1, 6)
+    remote = open_storage(gcs_emulator.url("ckpt/run"))
+
+    def local_step() -> int:
+        newest = ckpt.latest_complete(run_dir, warn=lambda _: None)
+        return int(newest.name[5:]) if newest else 0
+
+    def wait_until(done, proc) -> None:
         deadline = time.monotonic() + 90
-        while (ckpt.latest_complete(run_dir, warn=lambda _: None) or Path("step-0")).name < ckpt.step_dir_name(target):
+        while not done():
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
             time.sleep(0.01)
-        time.sleep(rng.uniform(0, 0.1))  # then it dies anywhere: in a step, a write, an upload
+
+    for kill in range(5):
+        start = local_step()
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        target = start + 5 * rng.randint(1, 4)
+        wait_until(lambda: local_step() >= target, proc)  # it trains past its resume point
+        wipe = kill % 2 == 1  # then the machine is lost: only the bucket is left
+        if wipe:
+            wait_until(lambda: (latest_complete_step(remote_steps(remote)) or 0) > start, proc)
+        time.sleep(rng.uniform(0, 0.1))  # and it dies anywhere: in a step, a write, an upload
         assert proc.poll() is None, "finished before it was killed: raise --max-steps"
         proc.kill()
         proc.wait()
-        if kill % 2:  # a fresh machine after a preemption: only the bucket is left
+        if wipe:
             shutil.rmtree(out / "ckpt")
     code, resumed, _ = run(out, tiny_data, *common, "--resume", "auto")
-    assert code == 0 and len(resumed) == 240
+    assert code == 0 and len(resumed) == 150
     assert resumed == straight
     log = (out / "logs" / "run" / "training.log").read_text()
-    assert log.count("resumed from") == 5 and ".remote-cache" in log  # some resumes came from the bucket
+    resumes = [line for line in log.splitlines() if "resumed from" in line]
+    assert len(resumes) == 5 and len([line for line in resumes if ".remote-cache" in line]) == 2
 
 
 @pytest.fixture
 def remote_run(tmp_path, tiny_data, gcs_emulator):
     """A trained run with complete remote step-10 and step-20, then step-20's marker lost and a markerless step-30."""
     code, _, _ = run(tmp_path, tiny_data, "--max-steps", "20", "--save-every", "10", "--eval-every", "100",
-                     "--checkpoint-bucket", gcs_emulator.url("ckpt"))
+                     "--checkpoint-bucket", gcs_emulator.url("ckpt"), "--no-background-upload")
     assert code == 0
     gcs_emulator.client.bucket(gcs_emulator.bucket).blob("ckpt/run/step-00000020/COMPLETE").delete()
     gcs_emulator.put("ckpt/run/step-00000030/model.safetensors", b"cut short")

@@ -7,6 +7,7 @@ short (preemption, dead network) is never chosen. Downloads go through utils/syn
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -38,7 +39,8 @@ def latest_complete_step(steps: dict[int, bool]) -> int | None:
 
 
 def download_checkpoint(store: Storage, step: int, cache_dir: Path, progress: bool = True) -> Path:
-    """Download `step-XXXXXXXX/` of `store` into `cache_dir` (crc32c-checked) and return the complete folder."""
+    """Download `step-XXXXXXXX/` of `store` into `cache_dir` (crc32c-checked) and return the complete folder;
+    other step folders in `cache_dir` (earlier downloads) are removed."""
     name = step_dir_name(step)
     folder = Path(cache_dir) / name
     summary = download_tree(store.child(name), folder, progress=progress)
@@ -48,6 +50,9 @@ def download_checkpoint(store: Storage, step: int, cache_dir: Path, progress: bo
     reason = check_complete(folder)
     if reason:
         raise PiconeoxError(f"downloaded {store.url}/{name}, but {reason}")
+    for step_folder in Path(cache_dir).glob("step-*"):  # older downloads: a multi-GB cache must not grow per resume
+        if step_folder != folder:
+            shutil.rmtree(step_folder, ignore_errors=True)
     return folder
 
 

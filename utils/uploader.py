@@ -12,9 +12,9 @@ remote checkpoints and rotates the local ones. With `background=False` the same 
     uploader.close()                        # every exit path: flush with a progress bar
 
 Bounded memory: one request in flight and at most one queued per kind (full step checkpoint, weights-only
-best/), never an unbounded queue of snapshots. A newer request waits for the queued one of its kind to
-start (every local step folder gets written), and a step folder whose successor is already queued is
-not uploaded: when saving is slower than --save-every, the bucket gets the newest checkpoints only.
+best/), never an unbounded queue of snapshots: a newer request waits for the queued one of its kind to
+start. So when saving is slower than --save-every the training waits (and says so) instead of dropping
+checkpoints; every step folder is written and uploaded.
 Never silent: each outcome reaches the training thread through `poll()`, which logs it and counts
 failures; `fatal` is set after `max_failures` failures in a row. Never destructive: a complete remote
 checkpoint is never overwritten (`if_absent`, i.e. `if_generation_match=0` on GCS), and pruning deletes
@@ -66,8 +66,7 @@ class SaveResult:
     """What became of one SaveRequest; `poll()` reports each exactly once.
 
     error: None on success, else one line saying which phase failed and why.
-    uploaded_to: the remote folder holding this checkpoint complete, else None (no bucket, best/, or
-        skipped because a newer checkpoint was already waiting: see `note`).
+    uploaded_to: the remote folder holding this checkpoint complete, else None (no bucket, or best/).
     seconds: time from the start of the write to the end of the upload and pruning.
     note: what else the log should say about it.
     """
@@ -147,7 +146,7 @@ class CheckpointUploader:
         waited = time.monotonic() - start
         if waited > 0.1:
             log.warning(f"training waited {waited:.1f} s to queue checkpoint {request.folder.name}: saving is slower "
-                        "than --save-every (the bucket gets only the newest of the waiting checkpoints)")
+                        "than --save-every")
 
     def poll(self) -> list[SaveResult]:
         """Outcomes finished since the last call: logged, failures counted, `fatal` set after too many in a row."""
@@ -155,7 +154,7 @@ class CheckpointUploader:
             results, self._results = self._results, []
         for r in results:
             if r.ok:
-                if r.uploaded_to or self.store is None:  # best/ and skipped uploads say nothing about the bucket
+                if r.uploaded_to or self.store is None:  # a best/ save says nothing about the bucket
                     self.consecutive_failures = 0
                 where = f", uploaded to {r.uploaded_to}" if r.uploaded_to else ""
                 log.info(f"saved checkpoint {r.folder}{where} ({r.seconds:.1f} s){r.note}")
@@ -265,15 +264,10 @@ class CheckpointUploader:
             self._phase = f"writing {request.folder.name}"
             ckpt.write(request.snapshot, request.folder, request.weights_only)
             if self.store is not None and not request.weights_only:
-                with self._cond:
-                    newer = self._queue.get(request.kind)
-                if newer is not None:
-                    result.note = f"; not uploaded: {newer.folder.name} is already waiting"
-                else:
-                    phase = "upload"
-                    result.uploaded_to, result.note = self._upload(request.folder)
-                    phase = "prune old remote checkpoints after the upload"
-                    self._prune_remote()
+                phase = "upload"
+                result.uploaded_to, result.note = self._upload(request.folder)
+                phase = "prune old remote checkpoints after the upload"
+                self._prune_remote()
             if not request.weights_only:
                 ckpt.rotate(request.folder.parent, self.keep_local)
         except (PiconeoxError, OSError) as e:
