@@ -34,6 +34,7 @@ def test_signal_sets_the_flag_and_handlers_come_back():
 
 RANKS_SCRIPT = r"""
 import json, os, signal
+import torch
 from accelerate import Accelerator
 from utils.preemption import StopRequest
 
@@ -45,6 +46,8 @@ for micro in range(1000):
     if stop.agreed(accelerator):
         break
 print(json.dumps({"rank": accelerator.process_index, "stopped_at": micro, "reason": stop.reason}))
+accelerator.wait_for_everyone()
+torch.distributed.destroy_process_group()  # without it gloo may abort at exit when the other rank is gone first
 """
 
 
