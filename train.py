@@ -291,7 +291,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
 
     state = TrainerState()
     if resumed:
-        optimizer.load_state_dict(resumed["optimizer"])
+        ckpt.load_optimizer_state(accelerator.unwrap_model(model, keep_torch_compile=False), optimizer.optimizer, resumed["optimizer"])
         scheduler.load_state_dict(resumed["scheduler"])
         if resumed["scaler"] is not None and accelerator.scaler is not None:
             accelerator.scaler.load_state_dict(resumed["scaler"])
@@ -309,10 +309,10 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         """Only the copy off the device blocks; the uploader thread writes, uploads and rotates."""
         nonlocal saved_step
         saved_step = state.step if not weights_only else saved_step
-        if is_main:
-            unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-            snap = ckpt.capture(state.step, unwrapped, optimizer, scheduler, accelerator.scaler, train_loader,
-                                state, metrics, {**cfg.to_dict(), "data_tokenizer_sha256": tokenizer_sha256}, tokenizer)
+        unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+        snap = ckpt.capture(state.step, unwrapped, None if weights_only else optimizer.optimizer, scheduler, accelerator.scaler, train_loader,
+                            state, metrics, {**cfg.to_dict(), "data_tokenizer_sha256": tokenizer_sha256}, tokenizer)
+        if is_main:  # every rank captured: under FSDP the full weights are gathered collectively
             uploader.submit(SaveRequest(snap, folder, weights_only))
         accelerator.wait_for_everyone()
 

@@ -51,7 +51,7 @@ def two_and_one(tmp_path_factory, tiny_data):
 def test_two_processes_match_one_with_the_same_global_batch(two_and_one):
     _, losses2, proc2 = two_and_one["two"]
     _, losses1 = two_and_one["one"]
-    assert "--multi_gpu --num_processes 2" in proc2.stdout + proc2.stderr
+    assert "--num_processes 2" in proc2.stdout and "2 process(es)" in proc2.stderr
     assert len(losses2) == len(losses1) == 12
     assert max(abs(a - b) for a, b in zip(losses2, losses1)) < 1e-4  # gloo all-reduce order vs one sum
 
@@ -77,3 +77,15 @@ def test_resume_across_world_sizes_keeps_the_data_position(two_and_one, tiny_dat
     assert final["tokens_seen"] == 12 * 8 * 32
     loader = json.loads((tmp_path / "ckpt" / "run" / "final" / "loader.json").read_text())
     assert loader["blocks_consumed"] == 12 * 8 or loader["epoch"] > 0
+
+
+def test_fsdp_config_on_cpu_falls_back_to_data_parallel(tmp_path, tiny_data):
+    """FSDP needs CUDA: on CPU the production FSDP config still trains (gloo DDP) and says so."""
+    cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", "2", "--accelerate-config",
+           str(REPO / "configs" / "accelerate" / "fsdp_production.yaml"), "--data", str(tiny_data), "--", *TINY,
+           "--batch-size", "4", "--max-steps", "2", "--run-name", "fsdp", "--output-dir", str(tmp_path / "ckpt"),
+           "--log-dir", str(tmp_path / "logs")]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "FSDP needs CUDA; this run uses plain data parallelism on the CPU" in proc.stderr
+    assert ckpt.check_complete(tmp_path / "ckpt" / "fsdp" / "final") is None

@@ -92,7 +92,7 @@ def test_checkpoint_of_compiled_model_loads_into_plain_model(tmp_path, tiny_data
     compiled = torch.compile(model, backend="eager")  # the real inductor costs ~1 min on CPU; the wrapper is the same
     unwrapped = accelerator.unwrap_model(compiled, keep_torch_compile=False)
     loader = BlockLoader(tiny_data, "train", 16, 2)
-    snap = ckpt.capture(1, unwrapped, optimizer, build_scheduler(optimizer, 1, 10, 0.1), None, loader,
+    snap = ckpt.capture(1, unwrapped, optimizer.optimizer, build_scheduler(optimizer, 1, 10, 0.1), None, loader,
                         train.TrainerState(), MetricsWriter(tmp_path, True), {}, load_tokenizer(tiny_data))
     folder = ckpt.write(snap, tmp_path / "step-00000001")
     from safetensors.torch import load_file

@@ -79,14 +79,41 @@ class Snapshot:
     tokenizer: object  # a PreTrainedTokenizerFast
 
 
+def full_state(model, optimizer=None) -> tuple[dict, dict]:
+    """Unsharded model and optimizer state dicts, keyed by parameter name, on the CPU.
+
+    torch.distributed.checkpoint's helpers give one format for a plain module, DDP and FSDP, so a
+    checkpoint resumes on any world size and sharding. Under FSDP this is a collective: every rank
+    must call it (non-main ranks get empty dicts).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    if optimizer is None:  # best/: weights only, no optimizer states to gather
+        return get_model_state_dict(model, options=options), {}
+    return get_state_dict(model, optimizer, options=options)
+
+
+def load_optimizer_state(model, optimizer, state: dict) -> None:
+    """The inverse of `full_state` for the optimizer (every rank calls it; FSDP re-shards it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+
+
 def capture(step, model, optimizer, scheduler, scaler, loader, trainer, metrics, run_config, tokenizer) -> Snapshot:
-    """Copy the training state off the device; the training loop may continue right after."""
+    """Copy the training state off the device; the training loop may continue right after.
+
+    `model` is the unwrapped model and `optimizer` the torch optimizer (None for a weights-only snapshot).
+    Under FSDP every rank must call this (see `full_state`); only the main process's snapshot holds the weights.
+    """
+    model_state, optimizer_state = full_state(model, optimizer)
     return Snapshot(
         step=step,
         model=model,
-        model_state=_to_cpu(model.state_dict()),
-        optimizer=_to_cpu(optimizer.state_dict()),
-        scheduler=scheduler.state_dict(),
+        model_state=_to_cpu(model_state),
+        optimizer=_to_cpu(optimizer_state),
+        scheduler=scheduler.state_dict() if optimizer is not None else None,
         scaler=_to_cpu(scaler.state_dict()) if scaler is not None else None,
         rng=rng_state(),
         loader=loader.state_dict(),
