@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO
-from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse fixture: fresh Accelerator per run)
+from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
 from utils import checkpoint as ckpt
 from utils.errors import PiconeoxError
 from utils.remote_checkpoint import fetch_resume, latest_complete_step, remote_steps
@@ -95,7 +95,8 @@ def test_remote_folder_without_marker_is_never_chosen(tmp_path, tiny_data, remot
     assert code == 0 and len(losses) == 12 and "step-00000010 at step 10" in log
     assert run(tmp_path / "fresh", tiny_data, "--max-steps", "12", "--resume", f"{url}/step-00000020")[0] == 2
     err = capsys.readouterr().err
-    assert "error: --resume gs://" in err and "step-00000020: no COMPLETE marker there" in err and "Traceback" not in err
+    assert "error: --resume gs://" in err and "step-00000020: no COMPLETE marker there" in err
+    assert "Traceback" not in err
 
 
 def test_truncated_local_checkpoint_falls_back_to_the_previous(tmp_path, tiny_data):

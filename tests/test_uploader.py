@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from configs.model import ModelConfig, build_model
-from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse fixture: fresh Accelerator per run)
+from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
 from utils import checkpoint as ckpt
 from utils.errors import PiconeoxError
 from utils.loader import BlockLoader
