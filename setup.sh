@@ -15,6 +15,7 @@ for arg in "$@"; do
 done
 
 die() { echo "setup.sh: error: $*" >&2; exit 1; }
+trap 'echo "setup.sh: error: the command at line $LINENO failed" >&2' ERR
 
 PY=${PYTHON:-python3}
 command -v "$PY" >/dev/null || die "'$PY' not found; install Python 3.10 or newer"
@@ -26,9 +27,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv || die "python3 -m venv failed (on Debian: apt-get install python3-venv)"
 fi
 
-reqs="requirements.txt"
-[ "$DEV" = 1 ] && reqs="$reqs requirements-dev.txt"
-stamp=".venv/.setup-stamp$([ "$DEV" = 1 ] && echo -dev)"
+reqs="requirements.txt" stamp=".venv/.setup-stamp"
+if [ "$DEV" = 1 ]; then reqs="$reqs requirements-dev.txt" stamp="$stamp-dev"; fi
 want=$(cat $reqs | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "==> python packages up to date"
