@@ -18,6 +18,7 @@ from pathlib import Path
 
 from utils.errors import PiconeoxError
 
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="test", help="preset name (rp2040-speed, rp2040-optimized, rp2040-quality, test, small, production, shakespeare-char)")
@@ -120,6 +121,25 @@ def prepare_data_dir(train_cfg, accelerator) -> Path:
     return out
 
 
+def find_resume(args, run_dir: Path, bucket, remote_cache: Path, log) -> Path | None:
+    """The complete checkpoint folder to resume from (downloaded first when remote), or None."""
+    from utils import checkpoint as ckpt
+    from utils import remote_checkpoint as remote
+
+    if args.resume == "auto":
+        found = ckpt.latest_complete(run_dir, warn=log.warning)
+        if bucket is not None:  # a fresh machine after a preemption has only the bucket
+            found = remote.newest(bucket, found, remote_cache, warn=log.warning)
+        if found is None:
+            log.info(f"--resume auto: no complete checkpoint in {run_dir}{f' or {bucket.url}' if bucket else ''}; starting fresh")
+        return found
+    if args.resume and args.resume.startswith("gs://"):
+        return remote.fetch_resume(args.resume, args.credentials, remote_cache, timeout_s=args.grace_seconds)
+    if args.resume:
+        return ckpt.resolve_resume(Path(args.resume), warn=log.warning)
+    return None
+
+
 def evaluate(model, val_loader, num_batches: int, accelerator, stop=None) -> float | None:
     """Mean cross-entropy over the first `num_batches` validation batches, averaged over ranks.
 
@@ -189,7 +209,6 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from configs.model import build_model, count_parameters
     from configs.presets import RunConfig
     from utils import checkpoint as ckpt
-    from utils import remote_checkpoint as remote
     from utils.generate import sample_text
     from utils.loader import BlockLoader
     from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
@@ -247,18 +266,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         background=is_main and not args.no_background_upload))
 
     # Resume target (decided before building anything heavy, so a bad path fails fast).
-    resume_from = None
     with accelerator.local_main_process_first():  # one download per machine; the others find it verified
-        if args.resume == "auto":
-            resume_from = ckpt.latest_complete(run_dir, warn=log.warning)
-            if bucket is not None:  # a fresh machine after a preemption has only the bucket
-                resume_from = remote.newest(bucket, resume_from, remote_cache, warn=log.warning)
-            if resume_from is None:
-                log.info(f"--resume auto: no complete checkpoint in {run_dir}{f' or {bucket.url}' if bucket else ''}; starting fresh")
-        elif args.resume and args.resume.startswith("gs://"):
-            resume_from = remote.fetch_resume(args.resume, args.credentials, remote_cache, timeout_s=args.grace_seconds)
-        elif args.resume:
-            resume_from = ckpt.resolve_resume(Path(args.resume), warn=log.warning)
+        resume_from = find_resume(args, run_dir, bucket, remote_cache, log)
     resumed = ckpt.load(resume_from) if resume_from else None
     if resumed and resumed["run_config"]["model"] != cfg.model.to_dict():
         saved = resumed["run_config"]["model"]
