@@ -140,6 +140,37 @@ def find_resume(args, run_dir: Path, bucket, remote_cache: Path, log) -> Path | 
     return None
 
 
+def make_accelerator(mixed_precision: str, cuda: bool):
+    """The Accelerator, after checking that the launched processes really formed one group."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+
+    if mixed_precision == "fp16" and not cuda:
+        raise PiconeoxError("--mixed-precision fp16 needs a CUDA GPU; on CPU use bf16 or no")
+    accelerator = Accelerator(mixed_precision=mixed_precision, cpu=not cuda)
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != accelerator.num_processes:  # e.g. an FSDP config on a box without CUDA: each rank alone
+        raise PiconeoxError(f"{launched} processes were launched but they formed a group of {accelerator.num_processes}; "
+                            "without GPUs use ./start_training.sh --gpus 0 --procs N (FSDP and multi-GPU configs need CUDA)")
+    if os.environ.get("ACCELERATE_USE_FSDP") == "true" and accelerator.distributed_type != DistributedType.FSDP:
+        print("warning: FSDP needs CUDA; this run uses plain data parallelism on the CPU", file=sys.stderr)
+    return accelerator
+
+
+def check_resumable(resumed: dict | None, resume_from, cfg, data_dir: Path) -> str:
+    """Refuse a checkpoint of another model shape or tokenizer; return the dataset's tokenizer sha256."""
+    from utils.shards import verify_dataset
+
+    expected_tokenizer = None
+    if resumed:
+        saved, now = resumed["run_config"]["model"], cfg.model.to_dict()
+        diff = next((k for k in saved if saved[k] != now.get(k)), None)
+        if diff:
+            raise PiconeoxError(f"--resume {resume_from}: checkpoint has model.{diff}={saved[diff]!r}, this run has {now[diff]!r}")
+        expected_tokenizer = resumed["run_config"].get("data_tokenizer_sha256")
+    return verify_dataset(data_dir, expected_tokenizer_sha256=expected_tokenizer).tokenizer_sha256
+
+
 def evaluate(model, val_loader, num_batches: int, accelerator, stop=None) -> float | None:
     """Mean cross-entropy over the first `num_batches` validation batches, averaged over ranks.
 
@@ -203,8 +234,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
 
     import torch
     import transformers
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedType, set_seed
+    from accelerate.utils import set_seed
 
     from configs.model import build_model, count_parameters
     from configs.presets import RunConfig
@@ -214,7 +244,6 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
     from utils.preemption import StopRequest
-    from utils.shards import verify_dataset
     from utils.storage import open_storage
     from utils.tokenizers import load_tokenizer
     from utils.uploader import CheckpointUploader, SaveRequest, UploadFailed
@@ -222,16 +251,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     tc = cfg.train
     transformers.utils.logging.disable_progress_bar()  # save_pretrained's shard bar would break our own bar
     cuda = torch.cuda.is_available()
-    if tc.mixed_precision == "fp16" and not cuda:
-        raise PiconeoxError("--mixed-precision fp16 needs a CUDA GPU; on CPU use bf16 or no")
-    accelerator = Accelerator(mixed_precision=tc.mixed_precision, cpu=not cuda)
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched != accelerator.num_processes:  # e.g. an FSDP config on a box without CUDA: each rank alone
-        raise PiconeoxError(f"{launched} processes were launched but they formed a group of {accelerator.num_processes}; "
-                            "without GPUs use ./start_training.sh --gpus 0 --procs N (FSDP and multi-GPU configs need CUDA)")
+    accelerator = make_accelerator(tc.mixed_precision, cuda)
     is_main = accelerator.is_main_process
-    if os.environ.get("ACCELERATE_USE_FSDP") == "true" and accelerator.distributed_type != DistributedType.FSDP:
-        print("warning: FSDP needs CUDA; this run uses plain data parallelism on the CPU", file=sys.stderr)
     set_seed(tc.seed)
 
     # Data first: it decides the vocabulary.
@@ -269,13 +290,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     with accelerator.local_main_process_first():  # one download per machine; the others find it verified
         resume_from = find_resume(args, run_dir, bucket, remote_cache, log)
     resumed = ckpt.load(resume_from) if resume_from else None
-    if resumed and resumed["run_config"]["model"] != cfg.model.to_dict():
-        saved = resumed["run_config"]["model"]
-        diff = next(k for k in saved if saved[k] != cfg.model.to_dict().get(k))
-        raise PiconeoxError(f"--resume {resume_from}: checkpoint has model.{diff}={saved[diff]!r}, this run has {cfg.model.to_dict()[diff]!r}")
-    tokenizer_sha256 = verify_dataset(
-        data_dir, expected_tokenizer_sha256=resumed["run_config"].get("data_tokenizer_sha256") if resumed else None
-    ).tokenizer_sha256
+    tokenizer_sha256 = check_resumable(resumed, resume_from, cfg, data_dir)
 
     model = ckpt.load_model(resume_from) if resume_from else build_model(cfg.model)
     if tc.activation_checkpointing:
