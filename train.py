@@ -157,6 +157,21 @@ def make_accelerator(mixed_precision: str, cuda: bool):
     return accelerator
 
 
+def use_activation_checkpointing(cfg, accelerator, cuda: bool) -> bool:
+    """on/off as set; auto: on with CUDA when the plan's memory estimate does not fit the GPU."""
+    mode = cfg.train.activation_checkpointing
+    if mode != "auto" or not cuda:
+        return mode == "on"
+    import torch
+    from accelerate.utils import DistributedType
+
+    from utils.plan import needs_activation_checkpointing, plan
+
+    device_bytes = torch.cuda.get_device_properties(accelerator.device).total_memory
+    sharded = accelerator.distributed_type == DistributedType.FSDP
+    return needs_activation_checkpointing(plan(cfg, gpus=accelerator.num_processes), sharded, device_bytes)
+
+
 def check_resumable(resumed: dict | None, resume_from, cfg, data_dir: Path) -> str:
     """Refuse a checkpoint of another model shape or tokenizer; return the dataset's tokenizer sha256."""
     from utils.shards import verify_dataset
@@ -293,8 +308,9 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     tokenizer_sha256 = check_resumable(resumed, resume_from, cfg, data_dir)
 
     model = ckpt.load_model(resume_from) if resume_from else build_model(cfg.model)
-    if tc.activation_checkpointing:
+    if use_activation_checkpointing(cfg, accelerator, cuda):
         model.activation_checkpointing_enable()
+        log.info("activation checkpointing on: each layer's activations are recomputed in the backward pass")
     n_params = count_parameters(model)
     log.info(f"run {run}: preset {cfg.preset}, {n_params:,} parameters, data {data_dir} "
              f"(vocab {train_loader.vocab_size}, {train_loader.tokens_per_epoch:,} train tokens), "

@@ -52,7 +52,8 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
     # GPT-NeoX 1.2B on GPUs: bring a prepared dataset (--data); 0.5M tokens per optimizer step on 8 GPUs.
     "production": _T(data="", tokenizer="bpe", tokenizer_vocab=50257, seq_len=2048, micro_batch_size=4,
                      grad_accum_steps=8, max_steps=100_000, learning_rate=2e-4, warmup_steps=2000,
-                     eval_every=1000, eval_batches=50, save_every=1000, keep_last=3, mixed_precision="bf16"),
+                     eval_every=1000, eval_batches=50, save_every=1000, keep_last=3, mixed_precision="bf16",
+                     activation_checkpointing="auto"),
     # nanoGPT's train_shakespeare_char CPU recipe (batch 12, block 64, 2000 iters, lr 1e-3, beta2 0.99).
     "shakespeare-char": _T(tokenizer="char", seq_len=64, micro_batch_size=12, max_steps=2000, learning_rate=1e-3,
                            warmup_steps=100, beta2=0.99, eval_every=250, eval_batches=200, save_every=1000),

@@ -7,7 +7,7 @@ from configs.base import ConfigBase
 from utils.errors import PiconeoxError
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
-COMPILE_MODES = ("auto", "on", "off")
+ON_OFF_AUTO = ("auto", "on", "off")
 TOKENIZERS = ("char", "byte", "bpe")
 
 
@@ -52,7 +52,9 @@ class TrainConfig(ConfigBase):
     mixed_precision: str = "no"
     compile: str = "auto"
     """torch.compile after accelerator.prepare(): auto = on with CUDA only."""
-    activation_checkpointing: bool = False
+    activation_checkpointing: str = "off"
+    """Recompute each layer's activations in the backward pass: on, off, or auto (on when CUDA is there
+    and the plan's memory estimate without it exceeds the GPU's memory)."""
     seed: int = 1337
     log_every: int = 10
 
@@ -78,8 +80,10 @@ class TrainConfig(ConfigBase):
             raise PiconeoxError(f"train.max_training_hours={self.max_training_hours}: must be >= 0 (0 = no limit)")
         if self.mixed_precision not in MIXED_PRECISION:
             raise PiconeoxError(f"train.mixed_precision={self.mixed_precision!r}: allowed {', '.join(MIXED_PRECISION)}")
-        if self.compile not in COMPILE_MODES:
-            raise PiconeoxError(f"train.compile={self.compile!r}: allowed {', '.join(COMPILE_MODES)}")
+        if self.compile not in ON_OFF_AUTO:
+            raise PiconeoxError(f"train.compile={self.compile!r}: allowed {', '.join(ON_OFF_AUTO)}")
+        if self.activation_checkpointing not in ON_OFF_AUTO:
+            raise PiconeoxError(f"train.activation_checkpointing={self.activation_checkpointing!r}: allowed {', '.join(ON_OFF_AUTO)}")
         if self.tokenizer not in TOKENIZERS:
             raise PiconeoxError(f"train.tokenizer={self.tokenizer!r}: allowed {', '.join(TOKENIZERS)}")
         if self.grad_clip <= 0:

@@ -190,3 +190,25 @@ def test_resume_refuses_data_with_another_tokenizer(tmp_path, tiny_data, capsys)
                        str(run_dir / "step-00000002"), "--set", "model.vocab_size=256"])
     err = capsys.readouterr().err
     assert code == 2 and "is not the tokenizer the model was trained with" in err
+
+
+def test_activation_checkpointing_gives_the_same_losses(tmp_path, tiny_data):
+    _, off, _ = run(tmp_path / "off", tiny_data, "--max-steps", "5")
+    _, on, _ = run(tmp_path / "on", tiny_data, "--max-steps", "5", "--set", "train.activation_checkpointing=on")
+    assert "activation checkpointing on" in (tmp_path / "on" / "logs" / "run" / "training.log").read_text()
+    assert max(abs(a - b) for a, b in zip(on, off)) < 1e-5
+    _, auto, _ = run(tmp_path / "auto", tiny_data, "--max-steps", "2", "--set", "train.activation_checkpointing=auto")
+    assert "activation checkpointing on" not in (tmp_path / "auto" / "logs" / "run" / "training.log").read_text()
+
+
+def test_production_turns_activation_checkpointing_on_for_small_gpus():
+    from configs.presets import resolve_config
+    from utils.plan import GIB, needs_activation_checkpointing, plan
+
+    cfg = resolve_config("production")
+    assert cfg.train.activation_checkpointing == "auto"
+    p = plan(cfg, gpus=8)  # DDP ~37.7 GiB, FSDP ~19.8 GiB per GPU without checkpointing
+    assert needs_activation_checkpointing(p, sharded=False, device_bytes=40 * GIB)
+    assert not needs_activation_checkpointing(p, sharded=False, device_bytes=80 * GIB)
+    assert needs_activation_checkpointing(p, sharded=True, device_bytes=16 * GIB)
+    assert not needs_activation_checkpointing(p, sharded=True, device_bytes=24 * GIB)

@@ -164,3 +164,12 @@ def format_plan(p: Plan) -> str:
         lines.append(f"  {label:<28} {getattr(p.ddp, attr) / size:>10.2f} {getattr(p.fsdp, attr) / size:>10.2f}")
     lines.append("  (estimates: see utils/plan.py; add ~1 GiB for the CUDA context and allocator slack)")
     return "\n".join(lines)
+
+
+def needs_activation_checkpointing(p: Plan, sharded: bool, device_bytes: int) -> bool:
+    """Whether the estimate without activation checkpointing leaves less than 10% of the GPU free.
+
+    The 10% is headroom for what the estimate leaves out (CUDA context, fragmentation, buffers).
+    """
+    estimate = p.fsdp if sharded else p.ddp
+    return estimate.total > 0.9 * device_bytes
