@@ -425,9 +425,10 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
             improved = val < state.best_val_loss
             state.best_val_loss = min(val, state.best_val_loss)
             state.evals_without_improvement = 0 if improved else state.evals_without_improvement + 1
-            util = mfu(tok_s / world, flops_per_token, peak)
+            util, gpu = mfu(tok_s / world, flops_per_token, peak), gpu_stats()
+            gpu_text = "n/a" if gpu["gpu/util_pct"] is None else f"{gpu['gpu/util_pct']:.0f}% busy, {gpu['gpu/mem_gb']:.1f} GB"
             log.info(f"step {state.step}: train loss {loss:.4f}, val loss {val:.4f}, perplexity {math.exp(min(val, 50)):.2f}, "
-                     f"{tok_s:,.0f} tok/s ({tok_s / world:,.0f} per device), MFU {f'{util:.1%}' if util else 'n/a'}"
+                     f"{tok_s:,.0f} tok/s ({tok_s / world:,.0f} per device), MFU {f'{util:.1%}' if util else 'n/a'}, GPU {gpu_text}"
                      + (" (best)" if improved else f" ({state.evals_without_improvement} eval(s) without improvement)"))
             if improved:
                 save(run_dir / "best", weights_only=True)

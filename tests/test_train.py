@@ -212,3 +212,12 @@ def test_production_turns_activation_checkpointing_on_for_small_gpus():
     assert not needs_activation_checkpointing(p, sharded=False, device_bytes=80 * GIB)
     assert needs_activation_checkpointing(p, sharded=True, device_bytes=16 * GIB)
     assert not needs_activation_checkpointing(p, sharded=True, device_bytes=24 * GIB)
+
+
+def test_cpu_fallbacks_are_reported(tmp_path, tiny_data):
+    """--batch-size auto, MFU and GPU stats need CUDA: on CPU the run goes on and says so."""
+    code, losses, _ = run(tmp_path, tiny_data, "--max-steps", "2", "--eval-every", "2", "--batch-size", "auto")
+    log = (tmp_path / "logs" / "run" / "training.log").read_text()
+    assert code == 0 and len(losses) == 2
+    assert "--batch-size auto: micro batch 8 (no CUDA: the preset's size; auto needs a GPU to measure)" in log
+    assert "MFU n/a, GPU n/a" in log
