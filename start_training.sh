@@ -170,6 +170,10 @@ line=$(printf '%q ' "${envs[@]}" "${cmd[@]}")
 echo "${line% }"
 [ "$dry_run" -eq 1 ] && exit 0
 
+# Bad settings, a missing dataset or resume path: one line from train.py now, not a traceback from the
+# launcher after the workers started.
+"$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --preflight || exit $?
+
 # Run as a child in its own process group and forward Ctrl-C/SIGTERM to the whole group: accelerate
 # (#929) leaves its workers running when only the launcher is signalled.
 set -m

@@ -31,6 +31,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", help="`auto` (latest complete checkpoint of this run, local or in --checkpoint-bucket, "
                    "if any), a checkpoint/run path, or gs://bucket/prefix/<run>[/step-XXXXXXXX]")
     p.add_argument("--print-plan", action="store_true", help="print parameters, batch, tokens and memory per GPU, then exit")
+    p.add_argument("--preflight", action="store_true", help="only check the settings, --data and --resume, then exit "
+                   "(start_training.sh runs this first, so a mistake costs one line, not a launcher traceback)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan (default 1)")
     p.add_argument("--no-background-upload", action="store_true", help="write and upload checkpoints synchronously")
     p.add_argument("--checkpoint-bucket", metavar="URL", help="also upload checkpoints to URL/<run>/step-XXXXXXXX/ (gs://bucket/prefix or a directory)")
@@ -89,12 +91,28 @@ class TrainerState:
             setattr(self, k, math.inf if (k == "best_val_loss" and v is None) else v)
 
 
-def prepare_data_dir(train_cfg, accelerator) -> Path:
-    """The local dataset directory: `demo` is prepared on first use, gs:// is synced; main process first."""
+def check_data_arg(train_cfg) -> Path | None:
+    """Validate --data without reading it: the local dataset directory, or None for `demo` and gs://."""
     data = train_cfg.data
     if not data:
         raise PiconeoxError("no dataset: this preset needs --data DIR (prepare one with prepare_data.py) or --data gs://...")
-    if data == "demo":
+    if data == "demo" or data.startswith("gs://"):
+        return None
+    out = Path(data)
+    if not out.is_dir():
+        raise PiconeoxError(f"--data {data}: no such directory (prepare one with prepare_data.py, or use `demo`)")
+    if train_cfg.dataset_percent != 100:
+        raise PiconeoxError(f"--dataset-percent {train_cfg.dataset_percent:g} applies when the trainer prepares `demo`; "
+                            f"for {data} run prepare_data.py --dataset-percent instead")
+    return out
+
+
+def prepare_data_dir(train_cfg, accelerator) -> Path:
+    """The local dataset directory: `demo` is prepared on first use, gs:// is synced; one process per machine first."""
+    local = check_data_arg(train_cfg)
+    if local is not None:
+        return local
+    if train_cfg.data == "demo":
         vocab = f"{train_cfg.tokenizer_vocab}" if train_cfg.tokenizer_vocab else ""
         pct = "" if train_cfg.dataset_percent == 100 else f"-p{train_cfg.dataset_percent:g}"
         out = Path("data") / f"demo-{train_cfg.tokenizer}{vocab}{pct}"
@@ -105,20 +123,19 @@ def prepare_data_dir(train_cfg, accelerator) -> Path:
                 prepare(["demo"], name=out.name, out_dir=out.parent, tokenizer=train_cfg.tokenizer,
                         vocab_size=train_cfg.tokenizer_vocab, dataset_percent=train_cfg.dataset_percent)
         return out
-    if data.startswith("gs://"):
-        from utils.sync import ensure_local
+    from utils.sync import ensure_local
 
-        with accelerator.local_main_process_first():  # the first one downloads, the others find it verified
-            return ensure_local(data, Path("data") / "gcs-cache")
-    out = Path(data)
-    if not out.is_dir():
-        raise PiconeoxError(f"--data {data}: no such directory (prepare one with prepare_data.py, or use `demo`)")
-    if train_cfg.dataset_percent != 100:
-        raise PiconeoxError(
-            f"--dataset-percent {train_cfg.dataset_percent:g} applies when the trainer prepares `demo`; "
-            f"for {data} run prepare_data.py --dataset-percent instead"
-        )
-    return out
+    with accelerator.local_main_process_first():  # the first one downloads, the others find it verified
+        return ensure_local(train_cfg.data, Path("data") / "gcs-cache")
+
+
+def preflight(args, cfg) -> None:
+    """The checks that need no GPU, no data loading and no network: settings, --data and --resume."""
+    from utils import checkpoint as ckpt
+
+    check_data_arg(cfg.train)
+    if args.resume and args.resume != "auto" and not args.resume.startswith("gs://"):
+        ckpt.resolve_resume(Path(args.resume), warn=lambda _: None)
 
 
 def find_resume(args, run_dir: Path, bucket, remote_cache: Path, log) -> Path | None:
@@ -241,6 +258,9 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from configs.presets import resolve_config
 
     cfg = resolve_config(args.config, args.config_file, overrides_from_args(args))
+    if args.preflight:
+        preflight(args, cfg)
+        return 0
     if args.print_plan:
         from utils.plan import format_plan, plan
 

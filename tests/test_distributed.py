@@ -29,7 +29,8 @@ def launch(tmp_path, data, procs: int, micro_batch: int, *extra):
 
 def test_each_rank_joins_and_parameters_stay_identical(tmp_path):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(REPO / "tests" / "ddp_probe.py")]
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+           str(REPO / "tests" / "ddp_probe.py")]
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -145,6 +145,8 @@ def test_help_documents_flags_and_the_fake_gpu_hook():
 # Real launches: a copy of the launcher next to a stand-in train.py, run by the real venv and accelerate.
 STAND_IN = """
 import os, signal, sys, time
+if "--preflight" in sys.argv:  # the launcher's check before `accelerate launch`
+    sys.exit(0)
 out = sys.argv[sys.argv.index("--out") + 1]
 rank = os.environ.get("RANK", "0")
 def stop(signum, frame):
@@ -231,3 +233,15 @@ def running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_user_mistakes_stop_at_the_preflight_with_one_line(tmp_path):
+    """Before `accelerate launch`: no launcher traceback for a bad preset, data or resume path."""
+    for extra, message in ((["--config", "nope"], "error: unknown preset 'nope'"),
+                           (["--config", "test", "--data", str(tmp_path / "missing")], "no such directory"),
+                           (["--config", "test", "--", "--resume", str(tmp_path / "run")], "no such checkpoint or run directory")):
+        proc = subprocess.run([str(REPO / "start_training.sh"), "--gpus", "0", *extra], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2
+        assert proc.stderr.startswith("error: ") and message in proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
