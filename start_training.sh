@@ -160,6 +160,8 @@ fi
 [ -n "$mp" ] && launch+=(--mixed_precision "$mp")
 # train.py compiles the model itself after prepare(); accelerate must not compile it a second time.
 launch+=(--dynamo_backend no)
+# One process: a failing run has already printed its own one-line error; no launcher traceback after it.
+[ "$total" -eq 1 ] && launch+=(--quiet)
 [ "$machines" -gt 1 ] && launch+=(--machine_rank "$rank" --main_process_ip "$ip")
 # One machine: port 0 lets accelerate pick a free port, so two runs (or test suites) on one box never collide.
 [ -z "$port" ] && [ "$machines" -eq 1 ] && [ "$total" -gt 1 ] && port=0
