@@ -133,7 +133,12 @@ def preflight(args, cfg) -> None:
     """The checks that need no GPU, no data loading and no network: settings, --data and --resume."""
     from utils import checkpoint as ckpt
 
+    from utils.preemption import StopRequest
+    from utils.uploader import CheckpointUploader
+
     check_data_arg(cfg.train)
+    StopRequest(args.grace_seconds)  # validates the grace period
+    CheckpointUploader.check_settings(bool(args.checkpoint_bucket), cfg.train.keep_last, args.max_upload_failures)
     if args.resume and args.resume != "auto" and not args.resume.startswith("gs://"):
         ckpt.resolve_resume(Path(args.resume), warn=lambda _: None)
 
@@ -201,6 +206,15 @@ def check_resumable(resumed: dict | None, resume_from, cfg, data_dir: Path) -> s
             raise PiconeoxError(f"--resume {resume_from}: checkpoint has model.{diff}={saved[diff]!r}, this run has {now[diff]!r}")
         expected_tokenizer = resumed["run_config"].get("data_tokenizer_sha256")
     return verify_dataset(data_dir, expected_tokenizer_sha256=expected_tokenizer).tokenizer_sha256
+
+
+def agreed_time_up(time_up: bool, accelerator) -> bool:
+    """Whether any rank reached the time limit: clocks differ, and all ranks must leave the loop together."""
+    if accelerator.num_processes == 1:
+        return time_up
+    import torch
+
+    return bool(accelerator.reduce(torch.tensor(int(time_up), device=accelerator.device), "max").item())
 
 
 def evaluate(model, val_loader, num_batches: int, accelerator, stop=None) -> float | None:
@@ -285,8 +299,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
 
     tc = cfg.train
     transformers.utils.logging.disable_progress_bar()  # save_pretrained's shard bar would break our own bar
-    cuda = torch.cuda.is_available()
-    accelerator = make_accelerator(tc.mixed_precision, cuda)
+    accelerator = make_accelerator(tc.mixed_precision, torch.cuda.is_available())
+    cuda = accelerator.device.type == "cuda"  # False with --gpus 0 even where a GPU exists
     is_main = accelerator.is_main_process
     set_seed(tc.seed)
 
@@ -338,7 +352,9 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     model.to(accelerator.device)
     if args.micro_batch_size == "auto":
         if cuda:
-            tc = replace(tc, micro_batch_size=find_micro_batch(model, tc.seq_len, accelerator))
+            found = torch.tensor(-find_micro_batch(model, tc.seq_len, accelerator), device=accelerator.device)
+            # the smallest over ranks: the loader's rank split needs one batch size everywhere
+            tc = replace(tc, micro_batch_size=-int(accelerator.reduce(found, "max").item()))
             train_loader, val_loader = make_loaders(tc.micro_batch_size)
             cfg = replace(cfg, train=tc)
         log.info(f"--batch-size auto: micro batch {tc.micro_batch_size}"
@@ -459,7 +475,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
             save(run_dir / ckpt.step_dir_name(state.step))
         if is_main:
             check_uploads()
-        if time.time() >= deadline:
+        if deadline < math.inf and agreed_time_up(time.time() >= deadline, accelerator):
             stop_reason = f"time limit of {tc.max_training_hours:g} h reached"
             break
     bar.close()

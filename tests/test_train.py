@@ -74,6 +74,8 @@ def test_best_and_final_load_with_auto_classes_and_generate(tmp_path, tiny_data)
         assert text.startswith("Once upon a time") and len(text) > len("Once upon a time")
     assert (run_dir / "final" / "optimizer.pt").exists() and not (run_dir / "best" / "optimizer.pt").exists()
     assert generate_main([str(run_dir / "final"), "--eval-data", str(tiny_data), "--eval-batches", "2"]) == 0
+    assert generate_main([str(run_dir), "--max-new-tokens", "3"]) == 0  # a run directory means its best/
+    assert generate_main([str(run_dir / "nope")]) == 2
 
 
 def test_checkpoint_of_compiled_model_loads_into_plain_model(tmp_path, tiny_data):
@@ -160,6 +162,8 @@ def test_bad_data_and_resume_targets(tmp_path, tiny_data, capsys):
     (run_dir / "step-00000002" / ckpt.MARKER).unlink()
     assert run(tmp_path, tiny_data, "--max-steps", "4", "--resume", str(run_dir / "step-00000002"))[0] == 2
     assert "has no COMPLETE marker" in capsys.readouterr().err
+    assert run(tmp_path, tiny_data, "--max-steps", "4", "--resume", str(run_dir / "best"))[0] == 2
+    assert "a weights-only checkpoint (best/); resume from a step-XXXXXXXX or final/ folder" in capsys.readouterr().err
     assert run(tmp_path, tiny_data, "--max-steps", "4", "--resume", str(run_dir / "final"),
                "--set", "model.intermediate_size=96")[0] == 2
     assert "checkpoint has model.intermediate_size=64, this run has 96" in capsys.readouterr().err
@@ -221,3 +225,14 @@ def test_cpu_fallbacks_are_reported(tmp_path, tiny_data):
     assert code == 0 and len(losses) == 2
     assert "--batch-size auto: micro batch 8 (no CUDA: the preset's size; auto needs a GPU to measure)" in log
     assert "MFU n/a, GPU n/a" in log
+
+
+def test_rotate_also_removes_leftovers_of_interrupted_writes(tmp_path):
+    for step in (1, 2, 3):
+        folder = tmp_path / ckpt.step_dir_name(step)
+        folder.mkdir()
+        (folder / ckpt.MARKER).write_text(json.dumps({"step": step, "files": {}}))
+    (tmp_path / ".step-00000001.tmp").mkdir()  # a write killed half-way
+    (tmp_path / ".step-00000003.tmp").mkdir()  # newer than the cutoff: kept
+    ckpt.rotate(tmp_path, keep_last=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".step-00000003.tmp", "step-00000002", "step-00000003"]

@@ -152,7 +152,10 @@ def link_copy(src: Path, folder: Path) -> Path:
     tmp = _fresh_tmp(folder)
     for path in Path(src).iterdir():
         if path.is_file():
-            os.link(path, tmp / path.name)
+            try:
+                os.link(path, tmp / path.name)
+            except OSError:  # a filesystem without hard links (some network mounts): copy instead
+                shutil.copy2(path, tmp / path.name)
     return _swap_into_place(tmp, Path(folder))
 
 
@@ -220,6 +223,9 @@ def rotate(run_dir: Path, keep_last: int) -> list[Path]:
         return []
     cutoff = complete[-keep_last]
     removed = [folder for step, folder in folders if step < cutoff]
+    # Leftovers of interrupted writes or swaps (.step-N.tmp, .step-N.old) below the cutoff go too.
+    removed += [p for p in Path(run_dir).glob(".step-*.*")
+                if (m := re.match(r"^\.step-(\d{8})\.(tmp|old)$", p.name)) and int(m.group(1)) < cutoff]
     for folder in removed:
         shutil.rmtree(folder, ignore_errors=True)
     return removed
@@ -234,6 +240,9 @@ def resolve_resume(path: Path, warn=print) -> Path:
         reason = check_complete(path)
         if reason:
             raise PiconeoxError(f"--resume {path}: {reason}")
+        if not (path / "optimizer.pt").exists():
+            raise PiconeoxError(f"--resume {path}: a weights-only checkpoint (best/); resume from a step-XXXXXXXX "
+                                "or final/ folder, or load these weights with utils.generate / rp2040.export")
         return path
     latest = latest_complete(path, warn)
     if latest is None:

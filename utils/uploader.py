@@ -101,13 +101,18 @@ class CheckpointUploader:
     background: False runs each save inside `submit()`.
     """
 
-    def __init__(self, store: Storage | None, *, keep_remote: int = 3, keep_local: int = 3, max_failures: int = 3,
-                 background: bool = True, progress: bool = True):
-        if store is not None and keep_remote < 2:
+    @staticmethod
+    def check_settings(has_store: bool, keep_remote: int, max_failures: int) -> None:
+        """Refuse settings that would make the bucket unsafe or failures endless (one line each)."""
+        if has_store and keep_remote < 2:
             raise PiconeoxError(f"keep_last={keep_remote}: with --checkpoint-bucket keep at least 2 checkpoints, "
                                 "so the bucket always holds a complete one while the next uploads")
         if max_failures < 1:
             raise PiconeoxError(f"--max-upload-failures {max_failures}: must be at least 1")
+
+    def __init__(self, store: Storage | None, *, keep_remote: int = 3, keep_local: int = 3, max_failures: int = 3,
+                 background: bool = True, progress: bool = True):
+        self.check_settings(store is not None, keep_remote, max_failures)
         self.store = store
         self.keep_remote, self.keep_local, self.max_failures = keep_remote, keep_local, max_failures
         self.background, self.progress = background, progress
@@ -259,21 +264,23 @@ class CheckpointUploader:
         """Write, upload, prune and rotate one checkpoint; any failure becomes the result's error."""
         start = time.monotonic()
         result = SaveResult(request.folder, request.snapshot.step)
-        phase = "write"
+        phase, written = "write", False
         try:
             self._phase = f"writing {request.folder.name}"
             ckpt.write(request.snapshot, request.folder, request.weights_only)
+            written = True
             if self.store is not None and not request.weights_only:
                 phase = "upload"
                 result.uploaded_to, result.note = self._upload(request.folder)
                 phase = "prune old remote checkpoints after the upload"
                 self._prune_remote()
-            if not request.weights_only:
-                ckpt.rotate(request.folder.parent, self.keep_local)
         except (PiconeoxError, OSError) as e:
             result.error = f"{phase} failed: {e}"
         except Exception as e:  # a bug must still reach poll(), not kill the thread and hang flush()
             result.error = f"{phase} failed: {type(e).__name__}: {e}"
+        if written and not request.weights_only:
+            # Also when the upload failed: a bucket that is down must not fill the local disk.
+            ckpt.rotate(request.folder.parent, self.keep_local)
         result.seconds = time.monotonic() - start
         return result
 
