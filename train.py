@@ -500,6 +500,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
             unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
             text = sample_text(unwrapped, tokenizer, args.sample_prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=tc.seed)
             log.info("sample:\n" + text)
+    accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     accelerator.end_training()
     if uploader.fatal:
         raise UploadFailed(uploader.fatal)

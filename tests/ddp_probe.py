@@ -22,4 +22,5 @@ checksum = torch.tensor([sum(p.double().sum().item() for p in model.parameters()
 sums = accelerator.gather(checksum).tolist()
 if accelerator.is_main_process:
     json.dump({"world_size": accelerator.num_processes, "checksums": sums}, sys.stdout)
+accelerator.wait_for_everyone()  # tear the gloo group down together: a rank leaving alone can abort
 accelerator.end_training()

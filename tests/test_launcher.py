@@ -161,7 +161,8 @@ if "--distributed" in sys.argv:
     total = acc.reduce(torch.ones(1), reduction="sum").item()  # fails unless both ranks joined one group
     info = f"{acc.process_index} {acc.num_processes} {acc.device.type} {total:g} {os.environ['OMP_NUM_THREADS']}"
     open(os.path.join(out, f"rank-{acc.process_index}"), "w").write(info)
-    acc.end_training()  # destroys the gloo group: exiting with it alive can abort a rank
+    acc.wait_for_everyone()  # then tear the gloo group down together: a rank leaving alone can abort
+    acc.end_training()
 else:
     open(os.path.join(out, f"pid-{rank}"), "w").write(str(os.getpid()))
     time.sleep(60)
