@@ -21,3 +21,11 @@ class ConfigBase:
         if unknown:
             raise PiconeoxError(f"unknown {cls.SECTION} setting {unknown[0]!r}; allowed: {', '.join(sorted(known))}")
         return cls(**d)
+
+    def check_ints(self, names: tuple[str, ...], minimum: int) -> None:
+        """Each named field must be an int (not a bool) >= minimum, or one PiconeoxError line names it."""
+        rule = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        for name in names:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise PiconeoxError(f"{self.SECTION}.{name}={value!r}: must be {rule}")

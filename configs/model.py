@@ -47,10 +47,7 @@ class ModelConfig(ConfigBase):
 
     def validate(self) -> "ModelConfig":
         """Raise PiconeoxError (one line) for an impossible shape; return self."""
-        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise PiconeoxError(f"model.{name}={value!r}: must be a positive integer")
+        self.check_ints(("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"), 1)
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 2):
             raise PiconeoxError(f"model.vocab_size={self.vocab_size!r}: must be an integer >= 2 (or null to size it from the tokenizer)")
         if self.hidden_size % self.num_heads:

@@ -60,16 +60,9 @@ class TrainConfig(ConfigBase):
 
     def validate(self) -> "TrainConfig":
         """Raise PiconeoxError (one line) for a bad value; return self."""
-        positive = ("seq_len", "micro_batch_size", "grad_accum_steps", "max_steps", "eval_every", "eval_batches",
-                    "save_every", "keep_last", "log_every")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise PiconeoxError(f"train.{name}={value!r}: must be a positive integer")
-        for name in ("warmup_steps", "patience", "seed"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise PiconeoxError(f"train.{name}={value!r}: must be an integer >= 0")
+        self.check_ints(("seq_len", "micro_batch_size", "grad_accum_steps", "max_steps", "eval_every", "eval_batches",
+                         "save_every", "keep_last", "log_every"), 1)
+        self.check_ints(("warmup_steps", "patience", "seed"), 0)
         if not self.learning_rate > 0:
             raise PiconeoxError(f"train.learning_rate={self.learning_rate}: must be > 0")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
