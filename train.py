@@ -8,6 +8,7 @@ Read top to bottom: parse flags -> resolve config -> data -> model/optimizer -> 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import math
 import os
@@ -406,13 +407,14 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     deadline = time.time() + tc.max_training_hours * 3600 - state.train_seconds if tc.max_training_hours else math.inf
     batches = iter(train_loader)
     bar = ProgressBar(tc.max_steps, state.step, is_main)
-    losses: list[float] = []
+    recent_losses: collections.deque[float] = collections.deque(maxlen=100)  # for the bar's running average
     stop_reason = "max steps reached"
     cleanup.enter_context(stop)  # SIGTERM/SIGINT now only ask for a clean stop
     model.train()
     while state.step < tc.max_steps:
         t0 = time.time()
-        step_start = train_loader.state_dict(), ckpt.rng_state()
+        # Only a stop between micro-steps leaves a half-done step to rewind; with one micro-step there is none.
+        step_start = (train_loader.state_dict(), ckpt.rng_state()) if tc.grad_accum_steps > 1 else None
         loss_sum = torch.zeros((), device=accelerator.device)
         for micro in range(tc.grad_accum_steps):
             if stop.agreed(accelerator):
@@ -425,8 +427,9 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
                 accelerator.backward(loss / tc.grad_accum_steps)
             loss_sum += loss.detach()
         if stop.stopping:  # drop the unfinished step: a resume reads its batches again
-            train_loader.load_state_dict(step_start[0])
-            ckpt.set_rng_state(step_start[1])
+            if step_start is not None:
+                train_loader.load_state_dict(step_start[0])
+                ckpt.set_rng_state(step_start[1])
             optimizer.zero_grad(set_to_none=True)
             break
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), tc.grad_clip)
@@ -442,10 +445,10 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
                                    f"(the last good checkpoint is {ckpt.latest_complete(run_dir) or 'none'})")
         dt = time.time() - t0
         state.train_seconds += dt
-        losses.append(loss)
+        recent_losses.append(loss)
         lr = scheduler.get_last_lr()[0]
         tok_s = tokens_per_step / dt
-        bar.update(1, loss=loss, avg_loss=sum(losses[-100:]) / len(losses[-100:]), lr=lr, tok_s=tok_s)
+        bar.update(1, loss=loss, avg_loss=sum(recent_losses) / len(recent_losses), lr=lr, tok_s=tok_s)
         if state.step % tc.log_every == 0 or state.step == tc.max_steps:
             metrics.scalars(state.step, {
                 "train/loss": loss, "train/lr": lr, "train/grad_norm": float(grad_norm), "train/step_time_s": dt,
