@@ -3,6 +3,8 @@
     python prepare_data.py demo --name demo --tokenizer byte
     python prepare_data.py ../shared/data/tinyshakespeare/input.txt --name shakespeare --tokenizer char
     python prepare_data.py 'stories/*.txt' --name stories --tokenizer bpe --vocab-size 4096
+    python prepare_data.py train.txt --val valid.txt --name wiki --tokenizer bpe --vocab-size 4096
+    python prepare_data.py input.txt --val-split tail --name shakespeare-char --tokenizer char
 
 Everything is built in data/<name>/.staging/ first; only a complete run moves its files into place and
 writes manifest.json last, so a failed run leaves the previous dataset as it was.
@@ -18,12 +20,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Optional
 
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from utils.documents import DECODE_ERRORS, INPUT_HELP, Source, resolve_inputs
+from utils.documents import DECODE_ERRORS, INPUT_HELP, Source, TextFile, resolve_inputs
 from utils.errors import PiconeoxError
 from utils.shards import MANIFEST_FILE, SPLITS, Manifest, ShardWriter, read_manifest, token_dtype, write_manifest
 from utils.tokenizers import (KINDS, TOKENIZER_FILE, build_tokenizer, check_vocab_size, encode_batches,
@@ -34,7 +36,11 @@ BATCH_CHARS = 1 << 18  # text per encode task: big enough to amortise the hop to
 STAGING = ".staging"
 DOCUMENT_RULE = ("Documents: a file containing <|endoftext|> is split on it, any other file at blank "
                  "lines (one paragraph = one document); an hf row is one document. Documents are "
-                 "stripped and each is followed by <|endoftext|> in the token stream.")
+                 "stripped and each is followed by <|endoftext|> in the token stream. With --val-split "
+                 "tail each file is one document, kept as it is.")
+VAL_SPLITS = ("documents", "tail")
+DEFAULT_VAL_FRACTION = 0.1
+Document = tuple[Optional[str], str, int]  # (split, or None when not kept; text; input bytes consumed)
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,38 @@ class Selection:
         return "val" if self._uniform(index, "val") < self.val_fraction else "train"
 
 
+def _documents(sources: list[Source], val_sources: list[Source], selection: Selection,
+               val_split: str) -> Iterator[Document]:
+    """Every document of the inputs with the split it goes to, in input order (then the --val inputs)."""
+    if val_split == "tail":
+        yield from _tail(sources, selection.val_fraction)
+        return
+    index = 0
+    for source in sources:
+        for doc, nbytes in source.documents():
+            yield selection.split_of(index), doc, nbytes
+            index += 1
+    for source in val_sources:
+        for doc, nbytes in source.documents():
+            yield "val", doc, nbytes
+
+
+def _tail(files: list[TextFile], val_fraction: float) -> Iterator[Document]:
+    """nanoGPT's split: the files' text, as it is, cut at character int(n * (1 - val_fraction)).
+
+    Each file is one document (the file straddling the cut becomes two), read whole into memory.
+    """
+    lengths = [len(f.text()) for f in files]
+    cut, start = int(sum(lengths) * (1 - val_fraction)), 0
+    for file, n in zip(files, lengths):
+        text, k = file.text(), min(max(cut - start, 0), n)
+        if k:
+            yield "train", text[:k], file.size
+        if k < n:
+            yield "val", text[k:], 0 if k else file.size
+        start += n
+
+
 @dataclass
 class Batch:
     """Consecutive kept documents of one split, plus the input bytes read to reach them."""
@@ -65,25 +103,22 @@ class Batch:
     input_bytes: int
 
 
-def _batches(sources: list[Source], selection: Selection) -> Iterator[Batch]:
+def _batches(documents: Iterable[Document]) -> Iterator[Batch]:
     """Kept documents grouped per split into ~BATCH_CHARS batches, in input order within each split."""
     pending = {split: Batch(split, [], 0) for split in SPLITS}
     sizes = dict.fromkeys(SPLITS, 0)
-    index, unreported_bytes = 0, 0
-    for source in sources:
-        for doc, nbytes in source.documents():
-            split = selection.split_of(index)
-            index += 1
-            unreported_bytes += nbytes
-            if split is None:
-                continue
-            batch = pending[split]
-            batch.docs.append(doc)
-            sizes[split] += len(doc)
-            if sizes[split] >= BATCH_CHARS:
-                batch.input_bytes, unreported_bytes = unreported_bytes, 0
-                yield batch
-                pending[split], sizes[split] = Batch(split, [], 0), 0
+    unreported_bytes = 0
+    for split, doc, nbytes in documents:
+        unreported_bytes += nbytes
+        if split is None:
+            continue
+        batch = pending[split]
+        batch.docs.append(doc)
+        sizes[split] += len(doc)
+        if sizes[split] >= BATCH_CHARS:
+            batch.input_bytes, unreported_bytes = unreported_bytes, 0
+            yield batch
+            pending[split], sizes[split] = Batch(split, [], 0), 0
     for split in SPLITS:
         if pending[split].docs:
             pending[split].input_bytes, unreported_bytes = unreported_bytes, 0
@@ -96,10 +131,10 @@ def _progress(sources: list[Source], desc: str) -> tqdm:
     return tqdm(total=total, unit="B", unit_scale=True, desc=desc, dynamic_ncols=True)
 
 
-def _texts(sources: list[Source], selection: Selection, desc: str) -> Iterator[str]:
+def _texts(sources: list[Source], documents: Iterable[Document], desc: str) -> Iterator[str]:
     """Every kept document (both splits) for building or checking a tokenizer, with a progress bar."""
     with _progress(sources, desc) as bar:
-        for batch in _batches(sources, selection):
+        for batch in _batches(documents):
             yield from batch.docs
             bar.update(batch.input_bytes)
 
@@ -145,14 +180,22 @@ def _commit(staging: Path, data_dir: Path, manifest: Manifest) -> None:
 
 
 def _check_options(name: str, tokenizer: str, vocab_size: int | None, shard_tokens: int,
-                   dataset_percent: float, val_fraction: float, workers: int) -> None:
+                   dataset_percent: float, val_fraction: float | None, workers: int, val: list[str],
+                   val_split: str) -> None:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise PiconeoxError(f"--name {name!r} is not allowed: use letters, digits, '.', '_' and '-'")
     check_vocab_size(tokenizer, vocab_size)
     if not 1 <= dataset_percent <= 100:
         raise PiconeoxError(f"--dataset-percent {dataset_percent} is out of range: give 1..100")
-    if not 0 <= val_fraction < 1:
+    if val_fraction is not None and not 0 <= val_fraction < 1:
         raise PiconeoxError(f"--val-fraction {val_fraction} is out of range: give 0 <= F < 1")
+    if val_split not in VAL_SPLITS:
+        raise PiconeoxError(f"--val-split {val_split!r} is not one of {', '.join(VAL_SPLITS)}")
+    if val and (val_split == "tail" or val_fraction):
+        other = "--val-split tail" if val_split == "tail" else f"--val-fraction {val_fraction}"
+        raise PiconeoxError(f"--val and {other} both choose the val text: give one of them")
+    if val_split == "tail" and (val_fraction == 0 or dataset_percent != 100):
+        raise PiconeoxError("--val-split tail cuts the whole text: it needs --val-fraction > 0 and no --dataset-percent")
     if shard_tokens < 1:
         raise PiconeoxError(f"--shard-tokens {shard_tokens} is out of range: give a positive count")
     if workers < 1:
@@ -161,26 +204,45 @@ def _check_options(name: str, tokenizer: str, vocab_size: int | None, shard_toke
 
 def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", tokenizer: str = "byte",
             vocab_size: int | None = None, shard_tokens: int = DEFAULT_SHARD_TOKENS,
-            dataset_percent: float = 100.0, val_fraction: float = 0.1, seed: int = 0,
-            retrain_tokenizer: bool = False, workers: int | None = None, errors: str = "strict") -> Path:
-    """Build data/<name>/ from `inputs`; returns its path. Raises PiconeoxError on bad input."""
+            dataset_percent: float = 100.0, val_fraction: float | None = None, seed: int = 0,
+            retrain_tokenizer: bool = False, workers: int | None = None, errors: str = "strict",
+            val: list[str] = (), val_split: str = "documents") -> Path:
+    """Build data/<name>/ from `inputs`; returns its path. Raises PiconeoxError on bad input.
+
+    Val text: the documents of `val` (all of them, and all of `inputs` go to train), else the last
+    `val_fraction` of the characters (`val_split="tail"`), else that fraction of the documents by seed.
+    `val_fraction` None means 0.1, or 0 when `val` is given.
+    """
     if workers is None:
         workers = os.cpu_count() or 1
-    _check_options(name, tokenizer, vocab_size, shard_tokens, dataset_percent, val_fraction, workers)
+    val = list(val)
+    _check_options(name, tokenizer, vocab_size, shard_tokens, dataset_percent, val_fraction, workers, val, val_split)
+    if val_fraction is None:
+        val_fraction = 0.0 if val else DEFAULT_VAL_FRACTION
     sources = resolve_inputs(inputs, errors)
+    val_sources = resolve_inputs(val, errors) if val else []
+    files = {s.path.resolve() for s in sources if isinstance(s, TextFile)}
+    if both := [s.label for s in val_sources if isinstance(s, TextFile) and s.path.resolve() in files]:
+        raise PiconeoxError(f"--val file(s) are also inputs: {' '.join(both)}")
+    if val_split == "tail" and (other := next((s for s in sources if not isinstance(s, TextFile)), None)):
+        raise PiconeoxError(f"--val-split tail cuts text files; input {other.label} is not one")
     selection = Selection(dataset_percent, val_fraction, seed)
+
+    def all_documents() -> Iterator[Document]:
+        return _documents(sources, val_sources, selection, val_split)
+
     data_dir = Path(out_dir) / name
     staging = data_dir / STAGING
     shutil.rmtree(staging, ignore_errors=True)  # left over from a killed run
     staging.mkdir(parents=True)
     try:
-        texts = _texts(sources, selection, "read for tokenizer") if tokenizer != "byte" else []
+        texts = _texts(sources + val_sources, all_documents(), "read for tokenizer") if tokenizer != "byte" else []
         tok, tok_sha256 = _tokenizer(data_dir, staging, tokenizer, vocab_size, retrain_tokenizer, texts)
         dtype = token_dtype(tok.get_vocab_size())
         writers = {split: ShardWriter(staging, split, dtype, shard_tokens) for split in SPLITS}
         documents = dict.fromkeys(SPLITS, 0)
-        with _progress(sources, f"tokenize {name}") as bar:
-            for batch, ids in encode_batches(tok, ((b, b.docs) for b in _batches(sources, selection)),
+        with _progress(sources + val_sources, f"tokenize {name}") as bar:
+            for batch, ids in encode_batches(tok, ((b, b.docs) for b in _batches(all_documents())),
                                              dtype, workers):
                 writers[batch.split].add(ids)
                 documents[batch.split] += len(batch.docs)
@@ -191,6 +253,8 @@ def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", t
         if documents["train"] == 0:
             raise PiconeoxError(f"inputs {' '.join(inputs)} give no training text (empty, or "
                                 f"--dataset-percent {dataset_percent} kept nothing)")
+        if val and documents["val"] == 0:
+            raise PiconeoxError(f"--val {' '.join(val)} gives no documents: give files with text in them")
         if val_fraction > 0 and documents["val"] == 0:
             raise PiconeoxError(f"--val-fraction {val_fraction} put none of the {documents['train']} documents "
                                 "in val: give more documents (see the document rule in --help) or --val-fraction 0")
@@ -199,7 +263,8 @@ def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", t
             vocab_size=tok.get_vocab_size(), dtype=dtype.name, tokenizer_sha256=tok_sha256,
             shards=shards, source=[s.label for s in sources], documents=documents,
             options=dict(tokenizer=tokenizer, vocab_size=vocab_size, shard_tokens=shard_tokens,
-                         dataset_percent=dataset_percent, val_fraction=val_fraction, seed=seed, errors=errors))
+                         dataset_percent=dataset_percent, val_fraction=val_fraction, seed=seed, errors=errors,
+                         val=[s.label for s in val_sources], val_split=val_split))
         _commit(staging, data_dir, manifest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -221,7 +286,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vocab-size", type=int, help="bpe only: 257..65535")
     p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help=f"tokens per shard file (default: {DEFAULT_SHARD_TOKENS:,})")
     p.add_argument("--dataset-percent", type=float, default=100.0, help="keep this %% of documents (1..100)")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="fraction of documents for val (0 <= F < 1, default: 0.1)")
+    p.add_argument("--val", nargs="+", action="extend", default=[], metavar="FILE|GLOB",
+                   help="validation text: every document of these goes to val and every document of the "
+                        "INPUTs to train (e.g. a corpus's published validation file)")
+    p.add_argument("--val-split", choices=VAL_SPLITS, default="documents",
+                   help="documents (default): --val-fraction of the documents, picked by --seed; tail: the "
+                        "last --val-fraction of the characters, each file kept whole and as it is "
+                        "(nanoGPT's split)")
+    p.add_argument("--val-fraction", type=float,
+                   help="fraction for val (0 <= F < 1, default: 0.1, or 0 with --val)")
     p.add_argument("--seed", type=int, default=0, help="fixes which documents are kept and which go to val")
     p.add_argument("--retrain-tokenizer", action="store_true", help="replace an existing tokenizer.json")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizer processes (default: all cores)")
@@ -242,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data_dir = prepare(args.inputs, args.name, args.out_dir, args.tokenizer, args.vocab_size,
                            args.shard_tokens, args.dataset_percent, args.val_fraction, args.seed,
-                           args.retrain_tokenizer, args.workers, args.errors)
+                           args.retrain_tokenizer, args.workers, args.errors, args.val, args.val_split)
     except PiconeoxError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

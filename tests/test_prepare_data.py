@@ -1,5 +1,6 @@
 """prepare_data.py end to end: inputs, document rule, selection, shards, tokenizer reuse, bad input."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,39 @@ def test_val_split_and_percent_are_deterministic_by_document(tmp_path, stories):
     assert docs_p == docs_q and np.array_equal(train_p, train_q)
 
 
+def test_val_inputs_go_to_val_whole_and_every_input_document_to_train(tmp_path, shared_data, stories):
+    val_file = shared_data / "tinystories" / "tinystories_val.txt"
+    data = prepare([str(stories)], "ts", tmp_path, "byte", workers=1, val=[str(val_file.parent / "*_val.txt")])
+    m = verify_dataset(data, check_crc=True)
+    train_docs = [d.strip() for d in stories.read_text(encoding="utf-8").split(EOT) if d.strip()]
+    val_docs = [p.strip() for p in re.split(r"\n\s*\n", val_file.read_text(encoding="utf-8")) if p.strip()]
+    assert m.documents == {"train": len(train_docs), "val": len(val_docs)} and len(val_docs) > 3000
+    assert m.options["val"] == [str(val_file)] and m.options["val_fraction"] == 0
+    tok = load_tokenizer(data)
+    assert tok.decode(stream(data, "train").tolist()) == EOT.join(train_docs) + EOT
+    assert tok.decode(stream(data, "val").tolist()) == EOT.join(val_docs) + EOT
+
+
+def test_tail_split_is_nanogpts_character_split(tmp_path, shared_data):
+    src = shared_data / "tinyshakespeare" / "input.txt"
+    data = prepare([str(src)], "sh", tmp_path, "char", val_split="tail", workers=1)
+    text, m = src.read_text(encoding="utf-8"), read_manifest(data)
+    cut = int(len(text) * 0.9)  # nanoGPT's data/shakespeare_char/prepare.py
+    assert m.vocab_size == 65 + 1 and m.documents == {"train": 1, "val": 1}
+    assert (m.split_tokens("train"), m.split_tokens("val")) == (1_003_854 + 1, 111_540 + 1)
+    tok = load_tokenizer(data)
+    assert tok.decode(stream(data, "train").tolist()) == text[:cut] + EOT
+    assert tok.decode(stream(data, "val").tolist()) == text[cut:] + EOT
+    # Several files: the cut runs through their concatenation, so the first file stays whole in train.
+    wiki = shared_data / "wikitext-2" / "valid.txt"
+    both = prepare([str(src), str(wiki)], "two", tmp_path, "byte", val_split="tail", val_fraction=0.3, workers=1)
+    wiki_text = wiki.read_text(encoding="utf-8")
+    cut = int((len(text) + len(wiki_text)) * 0.7) - len(text)
+    tok = load_tokenizer(both)
+    assert tok.decode(stream(both, "train").tolist()) == text + EOT + wiki_text[:cut] + EOT
+    assert tok.decode(stream(both, "val").tolist()) == wiki_text[cut:] + EOT
+
+
 def test_two_workers_write_the_same_shards_as_one(tmp_path, stories):
     one = prepare([str(stories)], "w1", tmp_path, "bpe", vocab_size=512, workers=1)
     two = prepare([str(stories)], "w2", tmp_path, "bpe", vocab_size=512, workers=2)
@@ -174,13 +208,22 @@ def test_a_rerun_with_fewer_shards_removes_the_stale_ones(tmp_path):
     (dict(name="../x"), "--name '../x' is not allowed"),
     (dict(shard_tokens=0), "--shard-tokens 0 is out of range"),
     (dict(workers=0), "--workers 0 is out of range"),
+    (dict(val=["BLANK"]), "--val .*blank.txt gives no documents"),
+    (dict(val=["nothing*.txt"]), "input glob 'nothing\\*.txt' matches no files"),
+    (dict(val=["ONE"], val_fraction=0.2), "--val and --val-fraction 0.2 both choose the val text"),
+    (dict(val=["ONE"], val_split="tail"), "--val and --val-split tail both choose the val text"),
+    (dict(val_split="random"), "--val-split 'random' is not one of documents, tail"),
+    (dict(val_split="tail", dataset_percent=50), "--val-split tail cuts the whole text: it needs"),
+    (dict(inputs=["demo"], val_split="tail", val_fraction=0.1), "--val-split tail cuts text files; input demo"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, kwargs, message):
     (tmp_path / "empty.txt").write_bytes(b"")
     write(tmp_path / "blank.txt", "  \n\n \n")
     write(tmp_path / "one.txt", "a single document")
-    inputs = [{"EMPTY": str(tmp_path / "empty.txt"), "BLANK": str(tmp_path / "blank.txt")}.get(i, i)
-              for i in kwargs.pop("inputs", [str(tmp_path / "one.txt")])]
+    files = {"EMPTY": str(tmp_path / "empty.txt"), "BLANK": str(tmp_path / "blank.txt"), "ONE": str(tmp_path / "one.txt")}
+    inputs = [files.get(i, i) for i in kwargs.pop("inputs", ["ONE"])]
+    if "val" in kwargs:
+        kwargs["val"] = [files.get(i, i) for i in kwargs["val"]]
     args = dict(name="ds", out_dir=tmp_path / "out", val_fraction=0, workers=1) | kwargs
     with pytest.raises(PiconeoxError, match=message) as e:
         prepare(inputs, **args)
@@ -207,5 +250,19 @@ def test_cli_writes_the_manifest_with_options_and_source(tmp_path):
     manifest = json.loads((tmp_path / "x" / "manifest.json").read_text())
     assert manifest["source"] == [src] and manifest["vocab_size"] == 260 and manifest["dtype"] == "uint16"
     assert manifest["options"] == {"tokenizer": "bpe", "vocab_size": 260, "shard_tokens": 50_000_000,
-                                   "dataset_percent": 100.0, "val_fraction": 0.5, "seed": 0, "errors": "strict"}
+                                   "dataset_percent": 100.0, "val_fraction": 0.5, "seed": 0, "errors": "strict",
+                                   "val": [], "val_split": "documents"}
     assert "train" in r.stdout and "vocab 260" in r.stdout
+
+
+def test_cli_val_takes_several_files_and_tail_needs_no_val(tmp_path, shared_data):
+    wiki = shared_data / "wikitext-2"
+    r = subprocess.run([sys.executable, "prepare_data.py", str(wiki / "test.txt"), "--val", str(wiki / "valid.txt"),
+                        str(wiki / "test.txt"), "--name", "w", "--out-dir", str(tmp_path), "--workers", "1"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == "error: --val file(s) are also inputs: " + str(wiki / "test.txt")
+    r = subprocess.run([sys.executable, "prepare_data.py", str(wiki / "test.txt"), "--val", str(wiki / "valid.txt"),
+                        "--name", "w", "--out-dir", str(tmp_path), "--workers", "1"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert read_manifest(tmp_path / "w").options["val"] == [str(wiki / "valid.txt")]

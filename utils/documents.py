@@ -40,11 +40,9 @@ class TextFile:
         with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             return m.find(EOT.encode()) != -1
 
-    def documents(self) -> Iterator[tuple[str, int]]:
-        """Yield (document, bytes of the file consumed since the previous yield)."""
-        split_on_eot = self._has_eot()
-        parts: list[str] = []
-        offset = consumed = 0
+    def _lines(self) -> Iterator[tuple[str, int]]:
+        """Yield (decoded line, its size in bytes)."""
+        offset = 0
         with open(self.path, "rb") as f:
             for raw in f:
                 try:
@@ -55,21 +53,33 @@ class TextFile:
                 if offset == 0:
                     line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not text
                 offset += len(raw)
-                consumed += len(raw)
-                if split_on_eot:
-                    *ends, line = line.split(EOT)
-                    for end in ends:
-                        parts.append(end)
-                        if doc := "".join(parts).strip():
-                            yield doc, consumed
-                            consumed = 0
-                        parts.clear()
-                    parts.append(line)
-                elif line.strip():
-                    parts.append(line)
-                elif doc := "".join(parts).strip():
-                    yield doc, consumed
-                    consumed, parts = 0, []
+                yield line, len(raw)
+
+    def text(self) -> str:
+        """The whole file as it is (no document rule): what `--val-split tail` cuts."""
+        return "".join(line for line, _ in self._lines())
+
+    def documents(self) -> Iterator[tuple[str, int]]:
+        """Yield (document, bytes of the file consumed since the previous yield)."""
+        split_on_eot = self._has_eot()
+        parts: list[str] = []
+        consumed = 0
+        for line, nbytes in self._lines():
+            consumed += nbytes
+            if split_on_eot:
+                *ends, line = line.split(EOT)
+                for end in ends:
+                    parts.append(end)
+                    if doc := "".join(parts).strip():
+                        yield doc, consumed
+                        consumed = 0
+                    parts.clear()
+                parts.append(line)
+            elif line.strip():
+                parts.append(line)
+            elif doc := "".join(parts).strip():
+                yield doc, consumed
+                consumed, parts = 0, []
         if doc := "".join(parts).strip():
             yield doc, consumed
 
