@@ -40,6 +40,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--credentials", metavar="FILE", help="service-account JSON key for gs:// (default: GOOGLE_APPLICATION_CREDENTIALS or gcloud login)")
     p.add_argument("--max-upload-failures", type=int, default=3, metavar="N", help="stop (exit 2) after N failed checkpoint saves/uploads in a row (default 3)")
     p.add_argument("--grace-seconds", type=float, default=30.0, metavar="S", help="on SIGTERM/SIGINT: save, flush uploads and exit 0 within S seconds (default 30)")
+    p.add_argument("--collective-timeout-minutes", type=float, default=60.0, metavar="M",
+                   help="how long a rank waits for the others in a collective before the run fails (default 60: "
+                        "covers a resume download or a synchronous save of the 1.2B preset)")
     p.add_argument("--sample-prompt", default="Once upon a time", help="prompt for the text sample printed at the end")
     # Shortcuts for the most used train.* settings (same as --set train.KEY=VALUE).
     for flag, key in SHORTCUTS.items():
@@ -133,11 +136,12 @@ def prepare_data_dir(train_cfg, accelerator) -> Path:
 def preflight(args, cfg) -> None:
     """The checks that need no GPU, no data loading and no network: settings, --data and --resume."""
     from utils import checkpoint as ckpt
-
+    from utils.distributed import check_timeout
     from utils.preemption import StopRequest
     from utils.uploader import CheckpointUploader
 
     check_data_arg(cfg.train)
+    check_timeout(args.collective_timeout_minutes)
     StopRequest(args.grace_seconds)  # validates the grace period
     CheckpointUploader.check_settings(bool(args.checkpoint_bucket), cfg.train.keep_last, args.max_upload_failures)
     if args.resume and args.resume != "auto" and not args.resume.startswith("gs://"):
@@ -161,23 +165,6 @@ def find_resume(args, run_dir: Path, bucket, remote_cache: Path, log) -> Path | 
     if args.resume:
         return ckpt.resolve_resume(Path(args.resume), warn=log.warning)
     return None
-
-
-def make_accelerator(mixed_precision: str, cuda: bool):
-    """The Accelerator, after checking that the launched processes really formed one group."""
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedType
-
-    if mixed_precision == "fp16" and not cuda:
-        raise PiconeoxError("--mixed-precision fp16 needs a CUDA GPU; on CPU use bf16 or no")
-    accelerator = Accelerator(mixed_precision=mixed_precision, cpu=not cuda)
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched != accelerator.num_processes:  # e.g. an FSDP config on a box without CUDA: each rank alone
-        raise PiconeoxError(f"{launched} processes were launched but they formed a group of {accelerator.num_processes}; "
-                            "without GPUs use ./start_training.sh --gpus 0 --procs N (FSDP and multi-GPU configs need CUDA)")
-    if os.environ.get("ACCELERATE_USE_FSDP") == "true" and accelerator.distributed_type != DistributedType.FSDP:
-        print("warning: FSDP needs CUDA; this run uses plain data parallelism on the CPU", file=sys.stderr)
-    return accelerator
 
 
 def use_activation_checkpointing(cfg, accelerator, cuda: bool) -> bool:
@@ -289,7 +276,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from configs.model import build_model, count_parameters
     from configs.presets import RunConfig
     from utils import checkpoint as ckpt
-    from utils.generate import sample_text
+    from utils.distributed import describe, group_timeout, make_accelerator
     from utils.loader import BlockLoader
     from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
@@ -300,7 +287,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
 
     tc = cfg.train
     transformers.utils.logging.disable_progress_bar()  # save_pretrained's shard bar would break our own bar
-    accelerator = make_accelerator(tc.mixed_precision, torch.cuda.is_available())
+    accelerator = make_accelerator(tc.mixed_precision, torch.cuda.is_available(), args.collective_timeout_minutes)
     cuda = accelerator.device.type == "cuda"  # False with --gpus 0 even where a GPU exists
     is_main = accelerator.is_main_process
     set_seed(tc.seed)
@@ -349,7 +336,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     n_params = count_parameters(model)
     log.info(f"run {run}: preset {cfg.preset}, {n_params:,} parameters, data {data_dir} "
              f"(vocab {train_loader.vocab_size}, {train_loader.tokens_per_epoch:,} train tokens), "
-             f"{world} process(es) on {accelerator.device}, mixed precision {tc.mixed_precision}")
+             f"{world} process(es) on {accelerator.device} ({describe(accelerator)}), mixed precision {tc.mixed_precision}"
+             + (f", collective timeout {timeout.total_seconds() / 60:g} min" if (timeout := group_timeout(accelerator)) else ""))
     model.to(accelerator.device)
     if args.micro_batch_size == "auto":
         if cuda:
@@ -489,6 +477,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     last = run_dir / ckpt.step_dir_name(state.step)
     if saved_step != state.step:  # breaks (early stop, signal) can come before a due save
         save(last)
+    if not stop.stopping:  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
+        log_sample(accelerator.unwrap_model(model, keep_torch_compile=False), tokenizer, args.sample_prompt, tc.seed, log)
     if is_main:
         uploader.close(timeout=stop.remaining())  # no limit unless stopping on a signal
         check_uploads()
@@ -499,15 +489,22 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         metrics.close()
         log.info(f"stopped at step {state.step}: {stop_reason}; best val loss {state.best_val_loss:.4f}")
         log.info(f"checkpoints in {run_dir}, logs in {log_dir} (tensorboard --logdir {args.log_dir})")
-        if not stop.stopping:  # a preempted run has no time for a sample
-            unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-            text = sample_text(unwrapped, tokenizer, args.sample_prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=tc.seed)
-            log.info("sample:\n" + text)
     accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     accelerator.end_training()
     if uploader.fatal:
         raise UploadFailed(uploader.fatal)
     return 0
+
+
+def log_sample(model, tokenizer, prompt: str, seed: int, log) -> None:
+    """Every rank samples: under FSDP each forward all-gathers the shards, so rank 0 alone would hang.
+
+    The same seed and the same gathered weights give every rank the same 200 forwards; rank 0 logs.
+    """
+    from utils.generate import sample_text
+
+    text = sample_text(model, tokenizer, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=seed)
+    log.info("sample:\n" + text)
 
 
 class TrainingDiverged(PiconeoxError):

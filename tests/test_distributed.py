@@ -1,6 +1,7 @@
 """Multi-process training on CPU (gloo DDP through `accelerate launch`), as on a multi-GPU box."""
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,13 +16,29 @@ TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
         "--lr", "3e-3", "--max-steps", "12", "--save-every", "6", "--eval-every", "6"]
 
 
-def launch(tmp_path, data, procs: int, micro_batch: int, *extra):
-    """./start_training.sh --gpus 0 --procs N; returns (per-step losses, completed process)."""
-    cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", str(procs), "--data", str(data), "--",
-           *TINY, "--batch-size", str(micro_batch), "--run-name", "run", "--output-dir", str(tmp_path / "ckpt"),
-           "--log-dir", str(tmp_path / "logs"), *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+def run_bounded(cmd, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run in its own session; a hang past `timeout` kills every process of the run and fails."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"hung for more than {timeout:g} s: {' '.join(map(str, cmd))}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def launch(tmp_path, data, procs: int, micro_batch: int, *extra, fsdp: bool = False):
+    """./start_training.sh --gpus 0 --procs N; returns (per-step losses, completed process).
+
+    fsdp=True: the production FSDP2 config, really sharded over gloo (PICONEOX_CPU_FSDP=1, utils/distributed.py).
+    """
+    config = ["--accelerate-config", str(REPO / "configs" / "accelerate" / "fsdp_production.yaml")] if fsdp else []
+    cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", str(procs), *config,
+           "--data", str(data), "--", *TINY, "--batch-size", str(micro_batch), "--run-name", "run",
+           "--output-dir", str(tmp_path / "ckpt"), "--log-dir", str(tmp_path / "logs"), *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PICONEOX_CPU_FSDP": "1" if fsdp else "0"}
+    proc = run_bounded(cmd, 300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     history = json.loads((tmp_path / "logs" / "run" / "history.json").read_text())
     return [r["train/loss"] for r in history if "train/loss" in r], proc
@@ -90,3 +107,28 @@ def test_fsdp_config_on_cpu_falls_back_to_data_parallel(tmp_path, tiny_data):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FSDP needs CUDA; this run uses plain data parallelism on the CPU" in proc.stderr
     assert ckpt.check_complete(tmp_path / "ckpt" / "fsdp" / "final") is None
+
+
+@pytest.fixture(scope="module")
+def fsdp_two(tmp_path_factory, tiny_data):
+    """A 2-rank run of the production FSDP2 config, really sharded over gloo, same global batch as `two`."""
+    out = tmp_path_factory.mktemp("fsdp2")
+    losses, proc = launch(out, tiny_data, 2, 4, fsdp=True)
+    return out, losses, proc
+
+
+def test_fsdp2_run_ends_cleanly_with_its_sample(fsdp_two):
+    """Rank 0 alone sampling from the sharded model used to hang in the final barrier."""
+    out, losses, proc = fsdp_two
+    log = (out / "logs" / "run" / "training.log").read_text()
+    assert "(FSDP2 fully_shard)" in log
+    assert "sample:\nOnce upon a time" in log
+    assert len(losses) == 12
+    assert ckpt.check_complete(out / "ckpt" / "run" / "final") is None
+
+
+def test_fsdp2_matches_ddp_with_the_same_global_batch(fsdp_two, two_and_one):
+    """Sharding changes where parameters live, not the maths: losses match the DDP run step for step."""
+    _, fsdp_losses, _ = fsdp_two
+    _, ddp_losses, _ = two_and_one["two"]
+    assert max(abs(a - b) for a, b in zip(fsdp_losses, ddp_losses)) < 1e-4
