@@ -221,6 +221,8 @@ def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", t
         val_fraction = 0.0 if val else DEFAULT_VAL_FRACTION
     sources = resolve_inputs(inputs, errors)
     val_sources = resolve_inputs(val, errors) if val else []
+    if other := next((s for s in val_sources if not isinstance(s, TextFile)), None):
+        raise PiconeoxError(f"--val takes text files and globs; {other.label} is not one")
     files = {s.path.resolve() for s in sources if isinstance(s, TextFile)}
     if both := [s.label for s in val_sources if isinstance(s, TextFile) and s.path.resolve() in files]:
         raise PiconeoxError(f"--val file(s) are also inputs: {' '.join(both)}")

@@ -140,6 +140,21 @@ RP2040_QUALITY = ModelConfig(
 """~53K params. The seed's 12 heads gave head_dim 1; 6 heads give head_dim 2. Context 64 keeps the
 float KV cache (layers x ctx x hidden x 2 x 4 B = 24 KB) inside the Pico's heap next to the weights."""
 
+PICO_BEST = ModelConfig(
+    vocab_size=1024, hidden_size=24, num_layers=3, num_heads=4, intermediate_size=96,
+    max_position_embeddings=64, rotary_pct=1.0, tie_word_embeddings=True,
+)
+"""~46K params, retuned on TinyStories for the int8 runtime, where speed follows multiply-adds and
+attention work per token (RAM no longer bounds the size): twice rp2040-quality's width with a 4x FFN
+instead of its 32x one, one layer and two heads fewer. Fewer multiply-adds per token than rp2040-quality."""
+
+PICO_FAST = ModelConfig(
+    vocab_size=512, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=64,
+    max_position_embeddings=128, rotary_pct=1.0, tie_word_embeddings=True,
+)
+"""~15K params, the same idea at rp2040-optimized's vocab and context: twice its width, a 4x FFN instead of
+32x, two layers of two heads instead of three of four: fewer multiply-adds and far less attention work."""
+
 TEST = ModelConfig(
     hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512, max_position_embeddings=256,
 )
@@ -166,6 +181,8 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "rp2040-speed": RP2040_SPEED,
     "rp2040-optimized": RP2040_OPTIMIZED,
     "rp2040-quality": RP2040_QUALITY,
+    "pico-fast": PICO_FAST,
+    "pico-best": PICO_BEST,
     "test": TEST,
     "small": SMALL,
     "production": PRODUCTION,

@@ -45,6 +45,10 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
                            learning_rate=1e-2, warmup_steps=100, eval_every=250, save_every=500, weight_decay=0.0),
     "rp2040-quality": _T(tokenizer="bpe", tokenizer_vocab=896, seq_len=64, micro_batch_size=64, max_steps=1500,
                          learning_rate=5e-3, warmup_steps=100, eval_every=250, save_every=500, weight_decay=0.0),
+    "pico-fast": _T(tokenizer="bpe", tokenizer_vocab=512, seq_len=128, micro_batch_size=32, max_steps=1500,
+                    learning_rate=5e-3, warmup_steps=100, eval_every=250, save_every=500, weight_decay=0.0),
+    "pico-best": _T(tokenizer="bpe", tokenizer_vocab=896, seq_len=64, micro_batch_size=64, max_steps=1500,
+                    learning_rate=5e-3, warmup_steps=100, eval_every=250, save_every=500, weight_decay=0.0),
     "test": _T(tokenizer="byte", seq_len=128, micro_batch_size=8, max_steps=200, learning_rate=2e-3,
                warmup_steps=20, eval_every=50, eval_batches=10, save_every=100),
     "small": _T(tokenizer="bpe", tokenizer_vocab=896, seq_len=256, micro_batch_size=8, max_steps=5000,
@@ -56,7 +60,7 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
                      activation_checkpointing="auto"),
     # nanoGPT's train_shakespeare_char CPU recipe (batch 12, block 64, 2000 iters, lr 1e-3, beta2 0.99).
     "shakespeare-char": _T(tokenizer="char", seq_len=64, micro_batch_size=12, max_steps=2000, learning_rate=1e-3,
-                           warmup_steps=100, beta2=0.99, eval_every=250, eval_batches=200, save_every=1000),
+                           warmup_steps=100, beta2=0.99, eval_every=250, eval_batches=20, save_every=1000),
 }
 
 PRESET_NAMES = tuple(MODEL_PRESETS)

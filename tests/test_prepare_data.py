@@ -210,6 +210,7 @@ def test_a_rerun_with_fewer_shards_removes_the_stale_ones(tmp_path):
     (dict(workers=0), "--workers 0 is out of range"),
     (dict(val=["BLANK"]), "--val .*blank.txt gives no documents"),
     (dict(val=["nothing*.txt"]), "input glob 'nothing\\*.txt' matches no files"),
+    (dict(val=["demo"]), "--val takes text files and globs; demo is not one"),
     (dict(val=["ONE"], val_fraction=0.2), "--val and --val-fraction 0.2 both choose the val text"),
     (dict(val=["ONE"], val_split="tail"), "--val and --val-split tail both choose the val text"),
     (dict(val_split="random"), "--val-split 'random' is not one of documents, tail"),
