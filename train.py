@@ -148,23 +148,22 @@ def preflight(args, cfg) -> None:
         ckpt.resolve_resume(Path(args.resume), warn=lambda _: None)
 
 
-def find_resume(args, run_dir: Path, bucket, remote_cache: Path, log) -> Path | None:
-    """The complete checkpoint folder to resume from (downloaded first when remote), or None."""
+def publish_final(last: Path, final: Path, consolidate: bool, log) -> None:
+    """final/: the last step (hard links) plus its weights consolidated for from_pretrained; a stop on a signal
+    skips the consolidation (no time for it) and says how to do it later."""
     from utils import checkpoint as ckpt
-    from utils import remote_checkpoint as remote
+    from utils.consolidate import consolidate_into
 
-    if args.resume == "auto":
-        found = ckpt.latest_complete(run_dir, warn=log.warning)
-        if bucket is not None:  # a fresh machine after a preemption has only the bucket
-            found = remote.newest(bucket, found, remote_cache, warn=log.warning)
-        if found is None:
-            log.info(f"--resume auto: no complete checkpoint in {run_dir}{f' or {bucket.url}' if bucket else ''}; starting fresh")
-        return found
-    if args.resume and args.resume.startswith("gs://"):
-        return remote.fetch_resume(args.resume, args.credentials, remote_cache, timeout_s=args.grace_seconds)
-    if args.resume:
-        return ckpt.resolve_resume(Path(args.resume), warn=log.warning)
-    return None
+    reason = ckpt.check_complete(last)
+    if reason:  # the save failed, or several machines hold the shards (the bucket has them all)
+        log.warning(f"final/ not written: {reason}")
+        return
+    if not consolidate:
+        ckpt.link_copy(last, final)
+        log.info(f"{final}: resumable; for from_pretrained weights run python -m utils.consolidate {last} --out DIR")
+        return
+    with consolidate_into(last) as weights:
+        ckpt.link_copy(last, final, extra=weights)
 
 
 def use_activation_checkpointing(cfg, accelerator, cuda: bool) -> bool:
@@ -280,6 +279,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from utils.loader import BlockLoader
     from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
+    from utils import resume
     from utils.preemption import StopRequest
     from utils.storage import open_storage
     from utils.tokenizers import load_tokenizer
@@ -318,18 +318,19 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     if args.checkpoint_bucket:
         bucket = open_storage(args.checkpoint_bucket, args.credentials, timeout_s=args.grace_seconds).child(run)
     remote_cache = Path(args.output_dir) / ".remote-cache"
-    # On every rank, so bad settings fail everywhere at once; only the main process saves, so only it has a thread.
+    # Every rank writes and uploads its own shard on its own thread; rank 0 completes each checkpoint.
     uploader = cleanup.enter_context(CheckpointUploader(
         bucket, keep_remote=tc.keep_last, keep_local=tc.keep_last, max_failures=args.max_upload_failures,
-        background=is_main and not args.no_background_upload))
+        background=not args.no_background_upload, progress=is_main, group=ckpt.checkpoint_group(), rank=rank,
+        rotate_local=accelerator.is_local_main_process))
 
-    # Resume target (decided before building anything heavy, so a bad path fails fast).
-    with accelerator.local_main_process_first():  # one download per machine; the others find it verified
-        resume_from = find_resume(args, run_dir, bucket, remote_cache, log)
-    resumed = ckpt.load(resume_from) if resume_from else None
+    # Resume target (decided before building anything heavy, so a bad path fails fast): rank 0 decides.
+    resume_from = resume.agree(accelerator, args.resume, run_dir, bucket, remote_cache, args.credentials,
+                              args.grace_seconds, log)
+    resumed = ckpt.load_common(resume_from, rank) if resume_from else None
     tokenizer_sha256 = check_resumable(resumed, resume_from, cfg, data_dir)
 
-    model = ckpt.load_model(resume_from) if resume_from else build_model(cfg.model)
+    model = build_model(cfg.model)  # a resume loads its weights after prepare(), each rank only its shard
     if use_activation_checkpointing(cfg, accelerator, cuda):
         model.activation_checkpointing_enable()
         log.info("activation checkpointing on: each layer's activations are recomputed in the backward pass")
@@ -356,7 +357,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
 
     state = TrainerState()
     if resumed:
-        ckpt.load_optimizer_state(accelerator.unwrap_model(model, keep_torch_compile=False), optimizer.optimizer, resumed["optimizer"])
+        ckpt.load_sharded(resume_from, accelerator.unwrap_model(model, keep_torch_compile=False), optimizer.optimizer)
         scheduler.load_state_dict(resumed["scheduler"])
         if resumed["scaler"] is not None and accelerator.scaler is not None:
             accelerator.scaler.load_state_dict(resumed["scaler"])
@@ -371,15 +372,20 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     saved_step = state.step  # the step of the newest full checkpoint handed to the uploader
 
     def save(folder: Path, weights_only: bool = False) -> None:
-        """Only the copy off the device blocks; the uploader thread writes, uploads and rotates."""
+        """Only the copy of this rank's shard off the device blocks; the uploader threads write, upload, rotate."""
         nonlocal saved_step
-        saved_step = state.step if not weights_only else saved_step
-        unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-        snap = ckpt.capture(state.step, unwrapped, None if weights_only else optimizer.optimizer, scheduler, accelerator.scaler, train_loader,
-                            state, metrics, {**cfg.to_dict(), "data_tokenizer_sha256": tokenizer_sha256}, tokenizer)
-        if is_main:  # every rank captured: under FSDP the full weights are gathered collectively
+        if not weights_only:
+            saved_step = state.step
+            if accelerator.is_local_main_process:
+                ckpt.prepare_step_folder(folder)  # an interrupted earlier save of this step; before any rank writes
+        start = time.monotonic()
+        snap = ckpt.capture(state.step, accelerator.unwrap_model(model, keep_torch_compile=False), optimizer.optimizer,
+                            scheduler, accelerator.scaler, train_loader, state, metrics,
+                            {**cfg.to_dict(), "data_tokenizer_sha256": tokenizer_sha256}, tokenizer,
+                            rank=rank, world_size=world, weights_only=weights_only)
+        log.debug(f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
+        if is_main or not weights_only:  # best/: the weights were gathered onto rank 0 only
             uploader.submit(SaveRequest(snap, folder, weights_only))
-        accelerator.wait_for_everyone()
 
     def check_uploads() -> None:
         """Log and count finished saves; too many failures in a row stop the run cleanly (it then exits 2)."""
@@ -464,8 +470,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
                 break
         if state.step % tc.save_every == 0:
             save(run_dir / ckpt.step_dir_name(state.step))
-        if is_main:
-            check_uploads()
+        check_uploads()  # every rank: all get the same outcomes, so a fatal failure stops them at the same save
         if deadline < math.inf and agreed_time_up(time.time() >= deadline, accelerator):
             stop_reason = f"time limit of {tc.max_training_hours:g} h reached"
             break
@@ -479,11 +484,10 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         save(last)
     if not stop.stopping:  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
         log_sample(accelerator.unwrap_model(model, keep_torch_compile=False), tokenizer, args.sample_prompt, tc.seed, log)
+    uploader.close(timeout=stop.remaining())  # every rank's saver; no limit unless stopping on a signal
+    check_uploads()
     if is_main:
-        uploader.close(timeout=stop.remaining())  # no limit unless stopping on a signal
-        check_uploads()
-        if ckpt.check_complete(last) is None:
-            ckpt.link_copy(last, run_dir / "final")
+        publish_final(last, run_dir / "final", consolidate=not stop.stopping, log=log)
         metrics.save_history(log_dir / "history.json")
         metrics.plot(log_dir / "loss.png")
         metrics.close()

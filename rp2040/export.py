@@ -81,7 +81,7 @@ def resolve_checkpoint(path: Path) -> Path:
     step = path.name.startswith("step-")
     if step and not (path / "COMPLETE").exists():
         raise PiconeoxError(f"{path} has no COMPLETE marker: it was not fully written; pick a completed step")
-    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+    if (path / "config.json").is_file() and ((path / "model.safetensors").is_file() or (path / ".metadata").is_file()):
         return path
     for sub in ("best", "final"):
         if (path / sub / "config.json").is_file():
@@ -283,11 +283,12 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
     src = resolve_checkpoint(Path(checkpoint))
     if not (src / "tokenizer.json").is_file():
         raise PiconeoxError(f"{src} has no tokenizer.json: the device needs it to encode and decode text")
-    from transformers import GPTNeoXForCausalLM  # heavy: only once the arguments are known good
     from transformers.utils import logging as hf_logging
 
+    from utils.consolidate import load_model  # heavy: only once the arguments are known good
+
     hf_logging.disable_progress_bar()  # a 1-second load needs no bar; stderr stays one line on error
-    model = GPTNeoXForCausalLM.from_pretrained(src, dtype="float32")
+    model = load_model(src)  # checked against the marker's crc32c when there is one
     shape = Shape.from_hf(model.config)
     state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
     model_bin = encode_model(state, shape, dtype)

@@ -35,3 +35,8 @@ def tiny_data(tmp_path_factory) -> Path:
 
     return prepare(["demo"], name="demo-byte-p5", out_dir=tmp_path_factory.mktemp("data"), tokenizer="byte",
                    dataset_percent=5)
+
+
+def pytest_configure(config):
+    # Single-process runs save and load DCP checkpoints without a process group on purpose.
+    config.addinivalue_line("filterwarnings", "ignore:torch.distributed is disabled, unavailable or uninitialized")

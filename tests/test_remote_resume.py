@@ -15,7 +15,8 @@ from tests.conftest import REPO
 from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
 from utils import checkpoint as ckpt
 from utils.errors import PiconeoxError
-from utils.remote_checkpoint import fetch_resume, latest_complete_step, remote_steps
+from utils.remote_checkpoint import latest_complete_step, remote_steps
+from utils.resume import decide, fetch
 from utils.storage import open_storage
 
 
@@ -78,17 +79,18 @@ def remote_run(tmp_path, tiny_data, gcs_emulator):
                      "--checkpoint-bucket", gcs_emulator.url("ckpt"), "--no-background-upload")
     assert code == 0
     gcs_emulator.client.bucket(gcs_emulator.bucket).blob("ckpt/run/step-00000020/COMPLETE").delete()
-    gcs_emulator.put("ckpt/run/step-00000030/model.safetensors", b"cut short")
+    gcs_emulator.put("ckpt/run/step-00000030/__0_0.distcp", b"cut short")
     return gcs_emulator
 
 
 def test_remote_folder_without_marker_is_never_chosen(tmp_path, tiny_data, remote_run, capsys):
     url = remote_run.url("ckpt/run")
     assert remote_steps(open_storage(url)) == {10: True, 20: False, 30: False}
-    folder = fetch_resume(url, None, tmp_path / "cache")
-    assert folder.name == "step-00000010" and ckpt.check_complete(folder) is None
+    point = decide(url, tmp_path, None, None, 60, print)
+    folder = fetch(point, tmp_path / "cache", None, 60)
+    assert folder.name == "step-00000010" and ckpt.check_complete(folder, verify=True) is None
     with pytest.raises(PiconeoxError, match="step-00000030: no COMPLETE marker there"):
-        fetch_resume(f"{url}/step-00000030", None, tmp_path / "cache")
+        decide(f"{url}/step-00000030", tmp_path, None, None, 60, print)
     # the trainer, on a fresh machine, resumes from the bucket's step 10
     code, losses, _ = run(tmp_path / "fresh", tiny_data, "--max-steps", "12", "--resume", url)
     log = (tmp_path / "fresh" / "logs" / "run" / "training.log").read_text()
@@ -102,7 +104,7 @@ def test_remote_folder_without_marker_is_never_chosen(tmp_path, tiny_data, remot
 def test_truncated_local_checkpoint_falls_back_to_the_previous(tmp_path, tiny_data):
     code, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "20", "--save-every", "10", "--eval-every", "100")
     assert code == 0
-    weights = run_dir / "step-00000020" / "model.safetensors"
+    weights = run_dir / "step-00000020" / "__0_0.distcp"
     size = weights.stat().st_size
     with open(weights, "r+b") as f:
         f.truncate(size // 2)
@@ -112,11 +114,11 @@ def test_truncated_local_checkpoint_falls_back_to_the_previous(tmp_path, tiny_da
     log = (tmp_path / "logs" / "run" / "training.log").read_text()
     skipped = [line for line in log.splitlines() if "skipping checkpoint" in line]
     assert code == 0 and len(losses) == 25
-    assert len(skipped) == 1 and f"model.safetensors has {size // 2} bytes, expected {size}" in skipped[0]
+    assert len(skipped) == 1 and f"__0_0.distcp has {size // 2} bytes, expected {size}" in skipped[0]
     assert f"resumed from {run_dir / 'step-00000010'} at step 10" in log
     # a missing file is reported the same way
-    (run_dir / "step-00000020" / "optimizer.pt").unlink()
-    assert ckpt.check_complete(run_dir / "step-00000020").endswith("is damaged: optimizer.pt is missing")
+    (run_dir / "step-00000020" / "scheduler.pt").unlink()
+    assert ckpt.check_complete(run_dir / "step-00000020").endswith("is damaged: scheduler.pt is missing")
 
 
 def test_auto_prefers_a_newer_local_checkpoint_over_the_bucket(tmp_path, tiny_data, remote_run):

@@ -72,7 +72,8 @@ def test_best_and_final_load_with_auto_classes_and_generate(tmp_path, tiny_data)
         tok = AutoTokenizer.from_pretrained(run_dir / folder)
         text = sample_text(model, tok, "Once upon a time", max_new_tokens=20, seed=1)
         assert text.startswith("Once upon a time") and len(text) > len("Once upon a time")
-    assert (run_dir / "final" / "optimizer.pt").exists() and not (run_dir / "best" / "optimizer.pt").exists()
+    # final/ is also resumable (the sharded state of its step); best/ holds weights only
+    assert (run_dir / "final" / ckpt.DCP_INDEX).exists() and not (run_dir / "best" / ckpt.DCP_INDEX).exists()
     assert generate_main([str(run_dir / "final"), "--eval-data", str(tiny_data), "--eval-batches", "2"]) == 0
     assert generate_main([str(run_dir), "--max-new-tokens", "3"]) == 0  # a run directory means its best/
     assert generate_main([str(run_dir / "nope")]) == 2
@@ -96,11 +97,15 @@ def test_checkpoint_of_compiled_model_loads_into_plain_model(tmp_path, tiny_data
     loader = BlockLoader(tiny_data, "train", 16, 2)
     snap = ckpt.capture(1, unwrapped, optimizer.optimizer, build_scheduler(optimizer, 1, 10, 0.1), None, loader,
                         train.TrainerState(), MetricsWriter(tmp_path, True), {}, load_tokenizer(tiny_data))
-    folder = ckpt.write(snap, tmp_path / "step-00000001")
-    from safetensors.torch import load_file
+    folder = tmp_path / "step-00000001"
+    ckpt.write_marker(folder, 1, 1, ckpt.manifest(folder, ckpt.write_shards(snap, folder)))
+    from torch.distributed.checkpoint import FileSystemReader
 
-    assert not [k for k in load_file(folder / "model.safetensors") if "_orig_mod" in k]
-    plain = ckpt.load_model(folder)
+    from utils.consolidate import load_model
+
+    keys = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    assert "model.gpt_neox.embed_in.weight" in keys and not [k for k in keys if "_orig_mod" in k]
+    plain = load_model(folder)
     assert type(plain).__name__ == "GPTNeoXForCausalLM"
     assert torch.equal(plain.gpt_neox.embed_in.weight, unwrapped.gpt_neox.embed_in.weight)
 

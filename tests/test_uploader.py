@@ -15,6 +15,7 @@ import torch
 from configs.model import ModelConfig, build_model
 from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
 from utils import checkpoint as ckpt
+from utils.consolidate import load_model
 from utils.errors import PiconeoxError
 from utils.loader import BlockLoader
 from utils.metrics import MetricsWriter
@@ -142,8 +143,8 @@ def latest_loads(store: Storage, cache: Path) -> int:
     """Download the remote latest complete checkpoint and load it like a resume does; return its step."""
     step = latest_complete_step(remote_steps(store))
     folder = download_checkpoint(store, step, cache, progress=False)
-    model = ckpt.load_model(folder)
-    assert ckpt.load(folder)["trainer"]["step"] == step and model.num_parameters() > 0
+    model = load_model(folder)  # crc32c-verified against the marker
+    assert ckpt.load_common(folder)["trainer"]["step"] == step and model.num_parameters() > 0
     return step
 
 
@@ -159,7 +160,7 @@ def test_background_upload_marker_last_and_bytes_equal(trainer, tmp_path, fake_g
     local = run_dir / "step-00000001"
     assert ckpt.check_complete(local) is None
     blobs = {b.name.rsplit("/", 1)[1]: b for b in fake_gcs.client.list_blobs(fake_gcs.bucket, prefix="ckpt/run/")}
-    assert set(blobs) == {p.name for p in local.iterdir() if p.is_file() and not p.name.startswith(".")}
+    assert set(blobs) == set(ckpt.read_marker(local)["files"]) | {ckpt.MARKER}
     for name, blob in blobs.items():
         assert fake_gcs.read(blob.name) == (local / name).read_bytes()
     # fake-gcs-server numbers generations by time: the marker is the last object written
@@ -171,15 +172,15 @@ def test_second_upload_of_a_step_never_overwrites(trainer, tmp_path, fake_gcs, c
     trainer.step()
     with CheckpointUploader(store, background=False) as uploader:
         uploader.submit(SaveRequest(trainer.snapshot(), tmp_path / "a" / "step-00000001"))
-    first = fake_gcs.read("run/step-00000001/model.safetensors")
+    first = fake_gcs.read("run/step-00000001/__0_0.distcp")
     trainer.step()
     trainer.state.step = 1  # another attempt at step 1 with other weights
     with CheckpointUploader(store, background=False) as uploader:
         uploader.submit(SaveRequest(trainer.snapshot(), tmp_path / "b" / "step-00000001"))
         [result] = uploader.poll()
     assert result.ok and result.uploaded_to == f"{fake_gcs.url()}/run/step-00000001"
-    assert (tmp_path / "b" / "step-00000001" / "model.safetensors").read_bytes() != first
-    assert fake_gcs.read("run/step-00000001/model.safetensors") == first
+    assert (tmp_path / "b" / "step-00000001" / "__0_0.distcp").read_bytes() != first
+    assert fake_gcs.read("run/step-00000001/__0_0.distcp") == first
     assert "already complete in the bucket and is kept as is (never overwritten)" in caplog.text
 
 

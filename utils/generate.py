@@ -42,22 +42,20 @@ def sample_text(model, tokenizer, prompt: str, max_new_tokens: int = 200, temper
 
 
 def load_checkpoint_model(folder: str):
-    """Model and tokenizer of a checkpoint folder (best/, final/, step-XXXXXXXX/, or a run directory: its best/)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Model and tokenizer of a checkpoint folder (best/, final/, step-XXXXXXXX/, or a run directory: its best/);
+    files are checked against the marker's crc32c first."""
+    from transformers import AutoTokenizer
 
-    from utils.checkpoint import check_complete
+    from utils.consolidate import load_model
 
     path = Path(folder)
     if not path.is_dir():
         raise PiconeoxError(f"{folder}: no such checkpoint folder (give checkpoints/<run>/best, final or step-XXXXXXXX)")
     if not (path / "config.json").exists() and (path / "best").is_dir():
         path = path / "best"  # a run directory: its best weights
-    reason = check_complete(path)
-    if reason:
-        raise PiconeoxError(reason)
-    folder = str(path)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    return model, AutoTokenizer.from_pretrained(folder)
+    if not (path / "COMPLETE").exists():
+        raise PiconeoxError(f"{path} has no COMPLETE marker (an interrupted save)")
+    return load_model(path), AutoTokenizer.from_pretrained(str(path))
 
 
 def evaluate_checkpoint(model, data_dir: str, seq_len: int, batch_size: int, num_batches: int) -> float:

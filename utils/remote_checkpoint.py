@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 from utils.checkpoint import MARKER, STEP_RE, check_complete, step_dir_name
 from utils.errors import PiconeoxError
@@ -65,34 +65,18 @@ def cache_dir_for(url: str, cache_root: Path) -> Path:
     return Path(cache_root, "local", *Path(url.removeprefix("file://")).resolve().parts[1:])
 
 
-def fetch_resume(url: str, credentials: str | None, cache_root: Path, *, timeout_s: float = 60) -> Path:
-    """`--resume gs://bucket/prefix/<run>[/step-XXXXXXXX]`: the newest complete remote checkpoint of the run
-    (or that step, which must be complete), downloaded into the cache. One-line PiconeoxError otherwise."""
+def resolve_url(url: str, credentials: str | None, *, timeout_s: float = 60) -> tuple[Storage, int]:
+    """`--resume gs://bucket/prefix/<run>[/step-XXXXXXXX]`: the run's remote folder and its newest complete step
+    (or the step named, which must be complete). One-line PiconeoxError otherwise."""
     base, _, last = url.rstrip("/").rpartition("/")
     if STEP_RE.match(last):
         store = open_storage(base, credentials, timeout_s=timeout_s)
         step = int(last[len("step-"):])
         if not remote_steps(store).get(step):
             raise PiconeoxError(f"--resume {url}: no {MARKER} marker there (an unfinished upload or no such step)")
-    else:
-        store = open_storage(url, credentials, timeout_s=timeout_s)
-        step = latest_complete_step(remote_steps(store))
-        if step is None:
-            raise PiconeoxError(f"--resume {url}: no complete step-XXXXXXXX checkpoint (one with {MARKER}) there")
-    return download_checkpoint(store, step, cache_dir_for(store.url, cache_root))
-
-
-def newest(store: Storage, local: Path | None, cache_root: Path, warn: Callable[[str], object] = print) -> Path | None:
-    """`--resume auto` with a bucket: the newest complete checkpoint of `local` (a local step folder or None)
-    and the bucket's, downloaded when it is the bucket's.
-
-    An unreachable bucket is reported with `warn` and treated as empty: the local checkpoint still resumes.
-    """
-    try:
-        step = latest_complete_step(remote_steps(store))
-    except PiconeoxError as e:
-        warn(f"--resume auto: could not list {store.url}, using local checkpoints only: {e}")
-        return local
-    if step is None or (local is not None and step <= int(STEP_RE.match(local.name).group(1))):
-        return local
-    return download_checkpoint(store, step, cache_dir_for(store.url, cache_root))
+        return store, step
+    store = open_storage(url, credentials, timeout_s=timeout_s)
+    step = latest_complete_step(remote_steps(store))
+    if step is None:
+        raise PiconeoxError(f"--resume {url}: no complete step-XXXXXXXX checkpoint (one with {MARKER}) there")
+    return store, step

@@ -1,10 +1,13 @@
-"""Checkpoints persisted off the training thread: write the step folder, upload it, prune old ones.
+"""Checkpoints persisted off the training thread: every rank writes and uploads its own shard; rank 0 completes.
 
-The training thread only copies the state off the device (`checkpoint.capture`) and hands the snapshot
-to `submit()`. One non-daemon thread then writes the folder (`checkpoint.write`), uploads it to
-`<bucket>/<run>/step-XXXXXXXX/` with the COMPLETE marker last, keeps the newest `keep_remote` complete
-remote checkpoints and rotates the local ones. With `background=False` the same work runs inside
-`submit()` (`--no-background-upload`).
+The training thread only copies its shard off the device (`checkpoint.capture`) and hands the snapshot to
+`submit()`. On every rank one non-daemon thread then writes the shard (`checkpoint.write_shards`, a DCP save:
+a collective among these threads on their own gloo group), hashes and uploads this rank's files to
+`<bucket>/<run>/step-XXXXXXXX/`, and reports to rank 0. Rank 0 writes the COMPLETE marker (every file with
+its size and crc32c) only when every rank reported success, locally and then to the bucket, and tells every
+rank the outcome; rank 0 prunes the bucket to the newest `keep_remote` complete checkpoints and each machine
+rotates its local step folders. With `background=False` the same work runs inside `submit()`
+(`--no-background-upload`). best/ (weights only, rank 0) is written locally, never uploaded.
 
     uploader = CheckpointUploader(open_storage("gs://b/ckpt").child(run), keep_remote=3, keep_local=3)
     uploader.submit(SaveRequest(ckpt.capture(...), run_dir / "step-00000100"))
@@ -15,10 +18,11 @@ Bounded memory: one request in flight and at most one queued per kind (full step
 best/), never an unbounded queue of snapshots: a newer request waits for the queued one of its kind to
 start. So when saving is slower than --save-every the training waits (and says so) instead of dropping
 checkpoints; every step folder is written and uploaded.
-Never silent: each outcome reaches the training thread through `poll()`, which logs it and counts
-failures; `fatal` is set after `max_failures` failures in a row. Never destructive: a complete remote
-checkpoint is never overwritten (`if_absent`, i.e. `if_generation_match=0` on GCS), and pruning deletes
-a folder's marker first, so a half-deleted folder never looks complete.
+Never silent: each outcome reaches the training thread through `poll()`, which logs it (rank 0) and counts
+failures; every rank gets the same outcome, so `fatal` is set at the same save everywhere. Never
+destructive: a complete remote checkpoint is never overwritten (the marker goes up with `if_absent`, i.e.
+`if_generation_match=0` on GCS, and a folder whose marker exists is left alone), and pruning deletes a
+folder's marker first, so a half-deleted folder never looks complete.
 """
 from __future__ import annotations
 
@@ -99,6 +103,8 @@ class CheckpointUploader:
     keep_local: complete local step folders to keep (`checkpoint.rotate`).
     max_failures: failures in a row after which `fatal` is set (>= 1).
     background: False runs each save inside `submit()`.
+    group: the savers' process group (`checkpoint.checkpoint_group()`), None in a single process.
+    rank: this process's global rank; rotate_local: whether this process rotates its machine's step folders.
     """
 
     @staticmethod
@@ -111,9 +117,10 @@ class CheckpointUploader:
             raise PiconeoxError(f"--max-upload-failures {max_failures}: must be at least 1")
 
     def __init__(self, store: Storage | None, *, keep_remote: int = 3, keep_local: int = 3, max_failures: int = 3,
-                 background: bool = True, progress: bool = True):
+                 background: bool = True, progress: bool = True, group=None, rank: int = 0, rotate_local: bool = True):
         self.check_settings(store is not None, keep_remote, max_failures)
-        self.store = store
+        self.store, self.group, self.rank, self.rotate_local = store, group, rank, rotate_local
+        self.completed: set[int] = set()  # steps rank 0 confirmed complete (its marker is written)
         self.keep_remote, self.keep_local, self.max_failures = keep_remote, keep_local, max_failures
         self.background, self.progress = background, progress
         self.failures = 0  # in total
@@ -157,17 +164,19 @@ class CheckpointUploader:
         """Outcomes finished since the last call: logged, failures counted, `fatal` set after too many in a row."""
         with self._cond:
             results, self._results = self._results, []
+        report = log.info if self.rank == 0 else log.debug  # every rank got the same outcome; rank 0 says it
         for r in results:
             if r.ok:
                 if r.uploaded_to or self.store is None:  # a best/ save says nothing about the bucket
                     self.consecutive_failures = 0
                 where = f", uploaded to {r.uploaded_to}" if r.uploaded_to else ""
-                log.info(f"saved checkpoint {r.folder}{where} ({r.seconds:.1f} s){r.note}")
+                report(f"saved checkpoint {r.folder}{where} ({r.seconds:.1f} s){r.note}")
                 continue
             self.failures += 1
             self.consecutive_failures += 1
-            log.error(f"checkpoint {r.folder}: {r.error} ({self.consecutive_failures} failure(s) in a row, "
-                      f"{self.failures} in total; fatal at {self.max_failures})")
+            (log.error if self.rank == 0 else log.debug)(
+                f"checkpoint {r.folder}: {r.error} ({self.consecutive_failures} failure(s) in a row, "
+                f"{self.failures} in total; fatal at {self.max_failures})")
             if self.consecutive_failures >= self.max_failures and self.fatal is None:
                 self.fatal = (f"{self.consecutive_failures} checkpoint saves failed in a row (--max-upload-failures "
                               f"{self.max_failures}); last: {r.error}")
@@ -261,44 +270,108 @@ class CheckpointUploader:
                 self._cond.notify_all()
 
     def _persist(self, request: SaveRequest) -> SaveResult:
-        """Write, upload, prune and rotate one checkpoint; any failure becomes the result's error."""
+        """Write (and upload, prune, rotate) one checkpoint; any failure becomes the result's error."""
         start = time.monotonic()
         result = SaveResult(request.folder, request.snapshot.step)
-        phase, written = "write", False
         try:
-            self._phase = f"writing {request.folder.name}"
-            ckpt.write(request.snapshot, request.folder, request.weights_only)
-            written = True
-            if self.store is not None and not request.weights_only:
-                phase = "upload"
-                result.uploaded_to, result.note = self._upload(request.folder)
-                phase = "prune old remote checkpoints after the upload"
-                self._prune_remote()
+            if request.weights_only:
+                self._phase = f"writing {request.folder.name}"
+                ckpt.write_weights(request.snapshot, request.folder)
+            else:
+                result.error, result.uploaded_to, result.note = self._persist_step(request)
         except (PiconeoxError, OSError) as e:
-            result.error = f"{phase} failed: {e}"
+            result.error = f"write failed: {e}"
         except Exception as e:  # a bug must still reach poll(), not kill the thread and hang flush()
-            result.error = f"{phase} failed: {type(e).__name__}: {e}"
-        if written and not request.weights_only:
-            # Also when the upload failed: a bucket that is down must not fill the local disk.
-            ckpt.rotate(request.folder.parent, self.keep_local)
+            result.error = f"write failed: {type(e).__name__}: {e}"
         result.seconds = time.monotonic() - start
         return result
 
-    def _upload(self, folder: Path) -> tuple[str, str]:
-        """Upload a complete local step folder, marker last; return the remote folder (complete either way)
-        and a note for the log when it was complete before."""
+    def _persist_step(self, request: SaveRequest) -> tuple[str | None, str | None, str]:
+        """Every rank: write and upload its files, report to rank 0; rank 0 completes the checkpoint (locally once
+        every rank wrote, in the bucket once every rank uploaded). Returns (error, remote url, note), identical on
+        every rank."""
+        snap, folder = request.snapshot, request.folder
+        files, failed = {}, None
+        try:
+            self._phase = f"writing {folder.name}"
+            files = ckpt.manifest(folder, ckpt.write_shards(snap, folder, self.group))
+            if self.store is not None:
+                self._upload_own(folder, files)
+        except Exception as e:  # reported in any case, or rank 0 would wait for this rank forever
+            why = str(e) if isinstance(e, (PiconeoxError, OSError)) else f"{type(e).__name__}: {e}"
+            failed = ("upload" if files else "write", why)
+        reports = self._gather((failed, files))
+        outcome = self._complete(snap, folder, reports) if self.rank == 0 else None
+        error, url, note = self._broadcast(outcome)
+        if error is None or error.startswith("upload"):  # the marker is on disk: complete locally
+            self.completed.add(snap.step)
+        if self.rotate_local:  # also when the upload failed: a bucket that is down must not fill the disk
+            ckpt.rotate(folder.parent, self.keep_local, self.completed)
+        return error, url, note
+
+    def _complete(self, snap, folder: Path, reports) -> tuple[str | None, str | None, str]:
+        """Rank 0: the marker locally when every rank wrote its files, in the bucket when every rank uploaded
+        them too; then prune the bucket."""
+        failures = [(rank, failed) for rank, (failed, _) in enumerate(reports) if failed]
+        if failures:
+            rank, (phase, why) = failures[0]
+            where = f" on rank {rank}" if len(reports) > 1 else ""
+            more = f" (and on {len(failures) - 1} other rank(s))" if len(failures) > 1 else ""
+            error = f"{phase} failed{where}: {why}{more}"
+        files = {name: info for _, own in reports for name, info in own.items()}
+        if any(phase == "write" for _, (phase, _) in failures):
+            return error, None, ""
+        ckpt.write_marker(folder, snap.step, snap.world_size, files)
+        if failures:
+            return error, None, ""
+        if self.store is None:
+            return None, None, ""
+        try:
+            self._phase = f"uploading {folder.name}: {ckpt.MARKER}"
+            url, note = self._upload_marker(folder, files)
+            self._prune_remote()
+        except (PiconeoxError, OSError) as e:
+            return f"upload failed: {e}", None, ""
+        return None, url, note
+
+    def _gather(self, report) -> list:
+        """Every rank's report, on rank 0 (elsewhere None)."""
+        if self.group is None:
+            return [report]
+        import torch.distributed as dist
+
+        reports = [None] * dist.get_world_size() if self.rank == 0 else None
+        dist.gather_object(report, reports, dst=0, group=self.group)
+        return reports
+
+    def _broadcast(self, outcome):
+        if self.group is None:
+            return outcome
+        import torch.distributed as dist
+
+        box = [outcome]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def _upload_own(self, folder: Path, files: dict) -> None:
+        """Upload this rank's files, unless the step is already complete in the bucket (never overwritten)."""
         remote = self.store.child(folder.name)
-        existing = remote.list(checksums=False)
-        if ckpt.MARKER in existing:
-            return remote.url, "; it was already complete in the bucket and is kept as is (never overwritten)"
-        for name in existing:  # leftovers of an upload cut short: not part of any complete checkpoint
-            remote.delete(name)
-        files = list(json.loads((folder / ckpt.MARKER).read_text())["files"])
+        if remote.exists(ckpt.MARKER):
+            return
         for i, name in enumerate(files, 1):
             if self._cancel.is_set():
                 raise UploadCancelled(f"cancelled before {name}")
             self._phase = f"uploading {folder.name}: {name} ({i}/{len(files)})"
-            remote.put(folder / name, name, if_absent=True)
+            remote.put(folder / name, name)  # replaces a leftover of an upload cut short (no marker yet)
+
+    def _upload_marker(self, folder: Path, files: dict) -> tuple[str, str]:
+        """Rank 0, once every rank uploaded: drop leftovers that are in no manifest, then the marker."""
+        remote = self.store.child(folder.name)
+        existing = remote.list(checksums=False)
+        if ckpt.MARKER in existing:
+            return remote.url, "; it was already complete in the bucket and is kept as is (never overwritten)"
+        for name in set(existing) - set(files):  # an older attempt's files (another world size, say)
+            remote.delete(name)
         try:
             remote.put(folder / ckpt.MARKER, ckpt.MARKER, if_absent=True)
         except ObjectExists:  # another writer finished the same step first: theirs stays

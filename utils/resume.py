@@ -1,0 +1,143 @@
+"""Where a run resumes from: rank 0 decides once, every machine then fetches exactly that checkpoint.
+
+Only rank 0's machine holds the COMPLETE markers (other machines hold their own shards), and a fresh machine
+holds nothing: so each machine choosing from its own disk would start ranks at different steps. Instead:
+
+1. rank 0 picks the step (`decide`): for `--resume auto` the newest verified local checkpoint or the bucket's
+   newest complete one, whichever is newer; for a path or gs:// URL, that checkpoint. Its marker (every file's
+   size and crc32c) travels with the decision to all ranks.
+2. one process per machine (`fetch`) uses its local copy of that step when every file matches the marker,
+   else downloads the step from the bucket (crc32c-checked), else fails with one line.
+3. every rank learns its machine's folder; any machine's failure stops every rank with the same line.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from utils import checkpoint as ckpt
+from utils import remote_checkpoint as remote
+from utils.errors import PiconeoxError
+from utils.storage import Storage, open_storage
+
+
+@dataclass
+class ResumePoint:
+    """The checkpoint every rank resumes from.
+
+    local: a folder each machine checks first (its run dir's step folder, or the --resume path).
+    remote: the bucket folder of the run (holding step-XXXXXXXX/) to download from when the local copy is
+    missing or damaged; None when the bucket does not hold this step complete.
+    """
+
+    step: int
+    marker: dict
+    local: str | None
+    remote: str | None
+
+
+def remote_marker(store: Storage, step: int) -> dict:
+    """The COMPLETE marker of a remote step folder."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store.child(ckpt.step_dir_name(step)).get(ckpt.MARKER, Path(tmp) / ckpt.MARKER)
+        return json.loads((Path(tmp) / ckpt.MARKER).read_text())
+
+
+def decide(resume: str | None, run_dir: Path, bucket: Storage | None, credentials: str | None, timeout_s: float,
+           warn: Callable[[str], object]) -> ResumePoint | None:
+    """Rank 0: the checkpoint to resume from, or None to start fresh (see the module docstring)."""
+    if not resume:
+        return None
+    if resume.startswith("gs://"):
+        store, step = remote.resolve_url(resume, credentials, timeout_s=timeout_s)
+        return ResumePoint(step, remote_marker(store, step), None, store.url)
+    if resume != "auto":
+        folder = ckpt.resolve_resume(Path(resume), warn)
+        return ResumePoint(int(ckpt.read_marker(folder)["step"]), ckpt.read_marker(folder), str(folder), None)
+    local = ckpt.latest_complete(run_dir, warn)
+    local_step = int(ckpt.read_marker(local)["step"]) if local else None
+    steps = {}
+    if bucket is not None:
+        try:
+            steps = remote.remote_steps(bucket)
+        except PiconeoxError as e:
+            warn(f"--resume auto: could not list {bucket.url}, using local checkpoints only: {e}")
+    bucket_step = remote.latest_complete_step(steps)
+    if local is None and bucket_step is None:
+        return None
+    if bucket_step is not None and (local_step is None or bucket_step > local_step):
+        return ResumePoint(bucket_step, remote_marker(bucket, bucket_step),
+                           str(Path(run_dir) / ckpt.step_dir_name(bucket_step)), bucket.url)
+    return ResumePoint(local_step, ckpt.read_marker(local), str(local), bucket.url if steps.get(local_step) else None)
+
+
+def fetch(point: ResumePoint, cache_root: Path, credentials: str | None, timeout_s: float, verify: bool = True) -> Path:
+    """This machine's complete copy of `point`: the local folder when every file matches the marker (crc32c
+    too when `verify`), else a download from the bucket."""
+    reason = f"{point.local} is missing"
+    if point.local and Path(point.local).is_dir():
+        reason = ckpt.check_files(Path(point.local), point.marker["files"], verify)
+        if reason is None:
+            return Path(point.local)
+    if point.remote is None:
+        raise PiconeoxError(f"cannot resume from step {point.step} on this machine: {reason}, and no "
+                            "--checkpoint-bucket holds it (several machines need a bucket or a shared filesystem)")
+    store = open_storage(point.remote, credentials, timeout_s=timeout_s)
+    folder = remote.download_checkpoint(store, point.step, remote.cache_dir_for(store.url, cache_root))
+    reason = ckpt.check_files(folder, point.marker["files"], verify=True)
+    if reason:
+        raise PiconeoxError(f"downloaded {store.url}/{ckpt.step_dir_name(point.step)}, but {reason}")
+    return folder
+
+
+def agree(accelerator, resume: str | None, run_dir: Path, bucket: Storage | None, cache_root: Path,
+          credentials: str | None, timeout_s: float, log) -> Path | None:
+    """The folder this rank resumes from (None: start fresh); rank 0 decides, each machine fetches once."""
+    decision, error = None, None
+    if accelerator.is_main_process:
+        try:
+            decision = decide(resume, run_dir, bucket, credentials, timeout_s, log.warning)
+        except PiconeoxError as e:
+            error = str(e)
+        if decision is None and error is None and resume == "auto":
+            log.info(f"--resume auto: no complete checkpoint in {run_dir}{f' or {bucket.url}' if bucket else ''}; "
+                     "starting fresh")
+    decision, error = _broadcast((decision, error), accelerator)
+    if error:
+        raise PiconeoxError(error if accelerator.is_main_process else f"rank 0 could not resume: {error}")
+    if decision is None:
+        return None
+    folder = None
+    if accelerator.is_local_main_process:
+        try:  # rank 0 checked every crc32c of its own copy while deciding
+            folder = str(fetch(decision, cache_root, credentials, timeout_s, verify=not accelerator.is_main_process))
+        except PiconeoxError as e:
+            error = f"rank {accelerator.process_index}: {e}"
+    results = _all_gather((folder, error), accelerator)
+    errors = [e for _, e in results if e]
+    if errors:
+        raise PiconeoxError(errors[0])
+    return Path(results[accelerator.process_index - accelerator.local_process_index][0])
+
+
+def _broadcast(obj, accelerator):
+    if accelerator.num_processes == 1:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _all_gather(obj, accelerator) -> list:
+    if accelerator.num_processes == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * accelerator.num_processes
+    dist.all_gather_object(out, obj)
+    return out
