@@ -11,6 +11,7 @@ from rp2040.export import Vocab, export
 from rp2040.runtime.gpt import GPT
 from rp2040.runtime.modelfile import FormatError
 from rp2040.runtime.tokenizer import StreamDecoder, Tokenizer
+from utils import checkpoint as ckpt
 from utils.errors import PiconeoxError
 from utils.tokenizers import build_tokenizer, save_tokenizer
 
@@ -95,7 +96,7 @@ def test_checkpoint_forms(tmp_path):
     step = _save(model, tmp_path / "run" / "step-00000100")
     with pytest.raises(PiconeoxError, match="no COMPLETE marker"):
         export(step, tmp_path / "a")
-    (step / "COMPLETE").write_text("{}")
+    ckpt.write_marker(step, 100, 1, ckpt.manifest(step, [p.name for p in step.iterdir()]))
     assert export(step, tmp_path / "a")["source"] == str(step)
     with pytest.raises(PiconeoxError, match="holds no model"):
         export(tmp_path / "run", tmp_path / "b")
