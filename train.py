@@ -148,6 +148,13 @@ def preflight(args, cfg) -> None:
         ckpt.resolve_resume(Path(args.resume), warn=lambda _: None)
 
 
+def weights_come_from_rank0(accelerator) -> bool:
+    """FSDP2 with cpu_ram_efficient_loading: prepare() shards rank 0's weights to every rank, so the others
+    build shapes only (the host holds one fp32 model, not one per rank)."""
+    plugin = accelerator.state.fsdp_plugin if accelerator.is_fsdp2 else None
+    return bool(plugin and plugin.cpu_ram_efficient_loading and not accelerator.is_main_process)
+
+
 def publish_final(last: Path, final: Path, consolidate: bool, log) -> None:
     """final/: the last step (hard links) plus its weights consolidated for from_pretrained; a stop on a signal
     skips the consolidation (no time for it) and says how to do it later."""
@@ -330,7 +337,9 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     resumed = ckpt.load_common(resume_from, rank) if resume_from else None
     tokenizer_sha256 = check_resumable(resumed, resume_from, cfg, data_dir)
 
-    model = build_model(cfg.model)  # a resume loads its weights after prepare(), each rank only its shard
+    # A resume loads its weights after prepare(), each rank only its shard.
+    shapes_only = weights_come_from_rank0(accelerator)
+    model = build_model(cfg.model, shapes_only=shapes_only)
     if use_activation_checkpointing(cfg, accelerator, cuda):
         model.activation_checkpointing_enable()
         log.info("activation checkpointing on: each layer's activations are recomputed in the backward pass")
@@ -339,10 +348,12 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
              f"(vocab {train_loader.vocab_size}, {train_loader.tokens_per_epoch:,} train tokens), "
              f"{world} process(es) on {accelerator.device} ({describe(accelerator)}), mixed precision {tc.mixed_precision}"
              + (f", collective timeout {timeout.total_seconds() / 60:g} min" if (timeout := group_timeout(accelerator)) else ""))
-    model.to(accelerator.device)
+    if not shapes_only:
+        model.to(accelerator.device)
     if args.micro_batch_size == "auto":
-        if cuda:
-            found = torch.tensor(-find_micro_batch(model, tc.seq_len, accelerator), device=accelerator.device)
+        if cuda:  # ranks holding shapes only cannot probe: they leave the choice to the others
+            probed = 1 << 30 if shapes_only else find_micro_batch(model, tc.seq_len, accelerator)
+            found = torch.tensor(-probed, device=accelerator.device)
             # the smallest over ranks: the loader's rank split needs one batch size everywhere
             tc = replace(tc, micro_batch_size=-int(accelerator.reduce(found, "max").item()))
             train_loader, val_loader = make_loaders(tc.micro_batch_size)

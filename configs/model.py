@@ -105,11 +105,31 @@ class ModelConfig(ConfigBase):
         )
 
 
-def build_model(cfg: ModelConfig, attn_implementation: str = "sdpa"):
-    """A randomly initialised GPTNeoXForCausalLM of this shape (never a hub download)."""
+def build_model(cfg: ModelConfig, attn_implementation: str = "sdpa", shapes_only: bool = False):
+    """A randomly initialised GPTNeoXForCausalLM of this shape (never a hub download).
+
+    shapes_only: build on the meta device, then give each parameter uninitialised CPU storage that is never
+    written (untouched pages cost no RAM) and keep the small buffers real: for FSDP ranks whose weights come
+    from rank 0 in accelerator.prepare(). Distinct storages, unlike meta tensors, let accelerate map the
+    optimizer's parameters onto their shards.
+    """
     from transformers import GPTNeoXForCausalLM
 
-    return GPTNeoXForCausalLM._from_config(cfg.validate().to_hf(), attn_implementation=attn_implementation)
+    hf_config = cfg.validate().to_hf()
+    if not shapes_only:
+        return GPTNeoXForCausalLM._from_config(hf_config, attn_implementation=attn_implementation)
+    import torch
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
+        model = GPTNeoXForCausalLM._from_config(hf_config, attn_implementation=attn_implementation)
+    buffers = {name: b.clone() for name, b in model.named_buffers()}  # small and real (rotary frequencies)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+    model.tie_weights()
+    return model
 
 
 def count_parameters(model) -> int:

@@ -1,9 +1,13 @@
 """Multi-process training on CPU (gloo DDP through `accelerate launch`), as on a multi-GPU box."""
+import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -132,3 +136,90 @@ def test_fsdp2_matches_ddp_with_the_same_global_batch(fsdp_two, two_and_one):
     _, fsdp_losses, _ = fsdp_two
     _, ddp_losses, _ = two_and_one["two"]
     assert max(abs(a - b) for a, b in zip(fsdp_losses, ddp_losses)) < 1e-4
+
+
+def test_fsdp2_resumes_2_to_4_to_2_ranks_with_the_uninterrupted_losses(fsdp_two, tiny_data, tmp_path):
+    """Sharded checkpoints reshard on load: 2-rank step 6 -> 4 ranks (saving step 9) -> 2 ranks to step 12."""
+    out, straight, _ = fsdp_two
+    step6 = out / "ckpt" / "run" / "step-00000006"
+    assert {"__0_0.distcp", "__1_0.distcp"} <= set(ckpt.read_marker(step6)["files"])  # one shard per rank
+    (tmp_path / "four").mkdir()
+    (tmp_path / "two").mkdir()
+    four, _ = launch(tmp_path / "four", tiny_data, 4, 2, "--resume", str(step6), "--save-every", "3", fsdp=True)
+    step9 = tmp_path / "four" / "ckpt" / "run" / "step-00000009"
+    assert ckpt.read_marker(step9)["world_size"] == 4 and "__3_0.distcp" in ckpt.read_marker(step9)["files"]
+    two, _ = launch(tmp_path / "two", tiny_data, 2, 4, "--resume", str(step9), fsdp=True)
+    assert len(four) == len(two) == 12
+    assert max(abs(a - b) for a, b in zip(four[6:], straight[6:])) < 1e-4
+    assert max(abs(a - b) for a, b in zip(two[9:], straight[9:])) < 1e-4
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and every process below it (torchrun starts its workers in sessions of their own), as a
+    machine that is lost takes all of its processes at once."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    tree, frontier = [pid], [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        tree += frontier
+    for member in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
+
+
+def test_two_machines_resume_auto_from_the_same_step_after_one_disk_is_wiped(two_and_one, tiny_data, tmp_path):
+    """Two machines (own working dirs, one process each, loopback, a local folder as the bucket): both killed,
+    the bucket's newest marker lost, machine 1's disk wiped, `--resume auto` on both: rank 0 picks a step that
+    machine 1 can get too, and both fetch exactly that one."""
+    _, straight, _ = two_and_one["two"]  # the same global batch on one machine, uninterrupted
+    bucket = tmp_path / "bucket"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def machines(*extra) -> list[subprocess.Popen]:
+        procs = []
+        for rank in (0, 1):
+            cwd = tmp_path / f"machine{rank}"
+            cwd.mkdir(exist_ok=True)
+            cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--num-machines", "2",
+                   "--machine-rank", str(rank), "--main-process-ip", "127.0.0.1", "--main-process-port", str(port),
+                   "--data", str(tiny_data), "--", *TINY, "--batch-size", "4", "--run-name", "run",
+                   "--checkpoint-bucket", str(bucket), *extra]
+            procs.append(subprocess.Popen(cmd, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"}, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
+        return procs
+
+    def bucket_step() -> int:
+        return max((int(p.parent.name[5:]) for p in (bucket / "run").glob("step-*/COMPLETE")), default=0)
+
+    # Synchronous saves every step make the run slow enough to be killed half-way at a known point.
+    procs = machines("--save-every", "1", "--no-background-upload")
+    deadline = time.monotonic() + 240
+    while bucket_step() < 5:
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, procs[0].stderr.read()[-3000:]
+        time.sleep(0.02)
+    for p in procs:
+        kill_tree(p.pid)
+    for p in procs:
+        p.communicate()
+    newest = bucket_step()
+    assert newest < 12, "finished before it was killed"
+    # The newest upload was cut before its marker: only machine 0's disk has that step complete.
+    (bucket / "run" / ckpt.step_dir_name(newest) / ckpt.MARKER).unlink()
+    shutil.rmtree(tmp_path / "machine1" / "checkpoints")
+
+    procs = machines("--resume", "auto")
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    log = (tmp_path / "machine0" / "logs" / "run" / "training.log").read_text()
+    step = int(log.split("at step ")[1].split()[0])
+    assert step == newest - 1  # the newest step that both machines can get
+    # machine 1 had nothing left: it fetched exactly rank 0's step from the bucket
+    assert [p.name for p in (tmp_path / "machine1" / "checkpoints" / ".remote-cache").rglob("step-*")] == \
+        [ckpt.step_dir_name(step)]
+    history = json.loads((tmp_path / "machine0" / "logs" / "run" / "history.json").read_text())
+    assert [r["train/loss"] for r in history if "train/loss" in r] == straight

@@ -16,7 +16,7 @@ from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (au
 from utils import checkpoint as ckpt
 from utils.errors import PiconeoxError
 from utils.remote_checkpoint import latest_complete_step, remote_steps
-from utils.resume import decide, fetch
+from utils.resume import candidates, fetch
 from utils.storage import open_storage
 
 
@@ -86,11 +86,11 @@ def remote_run(tmp_path, tiny_data, gcs_emulator):
 def test_remote_folder_without_marker_is_never_chosen(tmp_path, tiny_data, remote_run, capsys):
     url = remote_run.url("ckpt/run")
     assert remote_steps(open_storage(url)) == {10: True, 20: False, 30: False}
-    point = decide(url, tmp_path, None, None, 60, print)
+    [point] = candidates(url, tmp_path, None, None, 60, print)
     folder = fetch(point, tmp_path / "cache", None, 60)
     assert folder.name == "step-00000010" and ckpt.check_complete(folder, verify=True) is None
     with pytest.raises(PiconeoxError, match="step-00000030: no COMPLETE marker there"):
-        decide(f"{url}/step-00000030", tmp_path, None, None, 60, print)
+        candidates(f"{url}/step-00000030", tmp_path, None, None, 60, print)
     # the trainer, on a fresh machine, resumes from the bucket's step 10
     code, losses, _ = run(tmp_path / "fresh", tiny_data, "--max-steps", "12", "--resume", url)
     log = (tmp_path / "fresh" / "logs" / "run" / "training.log").read_text()

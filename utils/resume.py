@@ -3,12 +3,14 @@
 Only rank 0's machine holds the COMPLETE markers (other machines hold their own shards), and a fresh machine
 holds nothing: so each machine choosing from its own disk would start ranks at different steps. Instead:
 
-1. rank 0 picks the step (`decide`): for `--resume auto` the newest verified local checkpoint or the bucket's
-   newest complete one, whichever is newer; for a path or gs:// URL, that checkpoint. Its marker (every file's
-   size and crc32c) travels with the decision to all ranks.
-2. one process per machine (`fetch`) uses its local copy of that step when every file matches the marker,
-   else downloads the step from the bucket (crc32c-checked), else fails with one line.
-3. every rank learns its machine's folder; any machine's failure stops every rank with the same line.
+1. rank 0 lists the candidates (`candidates`): for `--resume auto` its newest verified local checkpoint and
+   the bucket's newest complete one; for a path or gs:// URL, that checkpoint. Their markers (every file's
+   size and crc32c) go to all ranks.
+2. each machine says which candidates it can get (`obtainable`); the newest that every machine can get wins
+   (a step whose marker rank 0 wrote but whose upload was cut short exists only on rank 0's machine).
+3. one process per machine (`fetch`) uses its local copy of that step when every file matches the marker,
+   else downloads the step from the bucket (crc32c-checked); every rank learns its machine's folder, and any
+   machine's failure stops every rank with the same line.
 """
 from __future__ import annotations
 
@@ -46,32 +48,45 @@ def remote_marker(store: Storage, step: int) -> dict:
         return json.loads((Path(tmp) / ckpt.MARKER).read_text())
 
 
-def decide(resume: str | None, run_dir: Path, bucket: Storage | None, credentials: str | None, timeout_s: float,
-           warn: Callable[[str], object]) -> ResumePoint | None:
-    """Rank 0: the checkpoint to resume from, or None to start fresh (see the module docstring)."""
+def candidates(resume: str | None, run_dir: Path, bucket: Storage | None, credentials: str | None,
+               timeout_s: float, warn: Callable[[str], object]) -> list[ResumePoint]:
+    """Rank 0: the checkpoints to resume from, newest first; empty to start fresh (see the module docstring).
+
+    For `--resume auto` these are rank 0's newest verified local checkpoint and the bucket's newest complete
+    one: `agree` takes the first that every machine can get.
+    """
     if not resume:
-        return None
+        return []
     if resume.startswith("gs://"):
         store, step = remote.resolve_url(resume, credentials, timeout_s=timeout_s)
-        return ResumePoint(step, remote_marker(store, step), None, store.url)
+        return [ResumePoint(step, remote_marker(store, step), None, store.url)]
     if resume != "auto":
         folder = ckpt.resolve_resume(Path(resume), warn)
-        return ResumePoint(int(ckpt.read_marker(folder)["step"]), ckpt.read_marker(folder), str(folder), None)
-    local = ckpt.latest_complete(run_dir, warn)
-    local_step = int(ckpt.read_marker(local)["step"]) if local else None
+        marker = ckpt.read_marker(folder)
+        return [ResumePoint(int(marker["step"]), marker, str(folder), None)]
     steps = {}
     if bucket is not None:
         try:
             steps = remote.remote_steps(bucket)
         except PiconeoxError as e:
             warn(f"--resume auto: could not list {bucket.url}, using local checkpoints only: {e}")
+    points = []
+    local = ckpt.latest_complete(run_dir, warn)
+    if local is not None:
+        marker = ckpt.read_marker(local)
+        points.append(ResumePoint(int(marker["step"]), marker, str(local), bucket.url if steps.get(marker["step"]) else None))
     bucket_step = remote.latest_complete_step(steps)
-    if local is None and bucket_step is None:
-        return None
-    if bucket_step is not None and (local_step is None or bucket_step > local_step):
-        return ResumePoint(bucket_step, remote_marker(bucket, bucket_step),
-                           str(Path(run_dir) / ckpt.step_dir_name(bucket_step)), bucket.url)
-    return ResumePoint(local_step, ckpt.read_marker(local), str(local), bucket.url if steps.get(local_step) else None)
+    if bucket_step is not None and not any(p.step == bucket_step for p in points):
+        points.append(ResumePoint(bucket_step, remote_marker(bucket, bucket_step),
+                                  str(Path(run_dir) / ckpt.step_dir_name(bucket_step)), bucket.url))
+    return sorted(points, key=lambda p: -p.step)
+
+
+def obtainable(point: ResumePoint) -> bool:
+    """Whether this machine can get `point`: from the bucket, or its own copy has every file (sizes checked)."""
+    return point.remote is not None or (
+        point.local is not None and Path(point.local).is_dir()
+        and ckpt.check_files(Path(point.local), point.marker["files"], verify=False) is None)
 
 
 def fetch(point: ResumePoint, cache_root: Path, credentials: str | None, timeout_s: float, verify: bool = True) -> Path:
@@ -96,24 +111,34 @@ def fetch(point: ResumePoint, cache_root: Path, credentials: str | None, timeout
 def agree(accelerator, resume: str | None, run_dir: Path, bucket: Storage | None, cache_root: Path,
           credentials: str | None, timeout_s: float, log) -> Path | None:
     """The folder this rank resumes from (None: start fresh); rank 0 decides, each machine fetches once."""
-    decision, error = None, None
+    points, error = [], None
     if accelerator.is_main_process:
         try:
-            decision = decide(resume, run_dir, bucket, credentials, timeout_s, log.warning)
+            points = candidates(resume, run_dir, bucket, credentials, timeout_s, log.warning)
         except PiconeoxError as e:
             error = str(e)
-        if decision is None and error is None and resume == "auto":
+        if not points and error is None and resume == "auto":
             log.info(f"--resume auto: no complete checkpoint in {run_dir}{f' or {bucket.url}' if bucket else ''}; "
                      "starting fresh")
-    decision, error = _broadcast((decision, error), accelerator)
+    points, error = _broadcast((points, error), accelerator)
     if error:
         raise PiconeoxError(error if accelerator.is_main_process else f"rank 0 could not resume: {error}")
-    if decision is None:
+    if not points:
         return None
+    machines = [c for c in _all_gather([obtainable(p) for p in points] if accelerator.is_local_main_process else None,
+                                       accelerator) if c is not None]
+    usable = [i for i in range(len(points)) if all(c[i] for c in machines)]
+    if not usable:
+        raise PiconeoxError(f"cannot resume from step {points[0].step}: another machine lacks its files and no "
+                            "--checkpoint-bucket holds it (several machines need a bucket or a shared filesystem)")
+    point = points[usable[0]]
+    if usable[0] > 0:
+        log.warning(f"--resume auto: step {points[0].step} is complete only on rank 0's machine (not yet in the bucket); "
+                    f"resuming from step {point.step}, which every machine can get")
     folder = None
     if accelerator.is_local_main_process:
         try:  # rank 0 checked every crc32c of its own copy while deciding
-            folder = str(fetch(decision, cache_root, credentials, timeout_s, verify=not accelerator.is_main_process))
+            folder = str(fetch(point, cache_root, credentials, timeout_s, verify=not accelerator.is_main_process))
         except PiconeoxError as e:
             error = f"rank {accelerator.process_index}: {e}"
     results = _all_gather((folder, error), accelerator)
