@@ -348,6 +348,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
              f"(vocab {train_loader.vocab_size}, {train_loader.tokens_per_epoch:,} train tokens), "
              f"{world} process(es) on {accelerator.device} ({describe(accelerator)}), mixed precision {tc.mixed_precision}"
              + (f", collective timeout {timeout.total_seconds() / 60:g} min" if (timeout := group_timeout(accelerator)) else ""))
+    if is_main and (note := ckpt.grace_warning(n_params, world, args.grace_seconds, bucket is not None)):
+        log.warning(note)
     if not shapes_only:
         model.to(accelerator.device)
     if args.micro_batch_size == "auto":

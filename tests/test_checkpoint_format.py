@@ -112,3 +112,15 @@ def test_gpu_rng_of_a_bigger_box_restores_on_a_smaller_one(monkeypatch):
     state = ckpt.rng_state()
     ckpt.set_rng_state(state)
     assert calls == [(0, 5)]  # the saving rank's own GPU state, onto this rank's GPU
+
+
+def test_a_grace_period_too_short_for_a_save_is_said_at_start_up(tmp_path, tiny_data):
+    from utils.checkpoint import grace_warning
+
+    assert grace_warning(1_414_647_808, 8, 30, bucket=True) is None  # 1.2B on 8 ranks: 2.1 GB per rank fits
+    assert "cannot hold a save of 16.98 GB per rank" in grace_warning(1_414_647_808, 1, 30, bucket=True)
+    code, _, _ = run(tmp_path, tiny_data, "--max-steps", "1", "--grace-seconds", "0.0001",
+                     "--checkpoint-bucket", str(tmp_path / "bucket"))
+    log = (tmp_path / "logs" / "run" / "training.log").read_text()
+    assert code == 0 and "--grace-seconds 0.0001 cannot hold a save of" in log
+    assert "the bucket keeps the last checkpoint whose upload finished" in log

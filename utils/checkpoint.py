@@ -168,6 +168,28 @@ def capture(step, model, optimizer, scheduler, scaler, loader, trainer, metrics,
         rng=rng_state(), common=common, hf_config=model.config, tokenizer=tokenizer)
 
 
+# What a stop on a signal can move per rank and second: a conservative local disk, and one GCS upload stream.
+WRITE_BYTES_PER_S = 500e6
+UPLOAD_BYTES_PER_S = 100e6
+
+
+def grace_warning(n_params: int, world_size: int, grace_seconds: float, bucket: bool) -> str | None:
+    """A start-up line when --grace-seconds cannot hold a save of this model (None when it can).
+
+    Each rank writes (and uploads) only its shard: fp32 weights and two AdamW states, 12 bytes a parameter.
+    """
+    shard = 12 * n_params / world_size
+    need = shard / WRITE_BYTES_PER_S + (shard / UPLOAD_BYTES_PER_S if bucket else 0)
+    if need <= grace_seconds:
+        return None
+    where = ("the bucket keeps the last checkpoint whose upload finished (a fresh machine resumes from it); "
+             "the local disk also gets the current step if its write finishes") if bucket else \
+        "the current step survives only if its local write finishes, else the last periodic step folder"
+    return (f"--grace-seconds {grace_seconds:g} cannot hold a save of {shard / 1e9:.2f} GB per rank (about "
+            f"{need:.0f} s at {WRITE_BYTES_PER_S / 1e6:.0f} MB/s to disk{f' and {UPLOAD_BYTES_PER_S / 1e6:.0f} MB/s to the bucket' if bucket else ''}): "
+            f"on SIGTERM the run saves what fits; {where}. Save more often (--save-every) to lose less")
+
+
 # --- writing (background thread) --------------------------------------------------------------------------
 
 def write_shards(snap: Snapshot, folder: Path, group=None) -> list[str]:

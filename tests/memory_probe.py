@@ -1,0 +1,78 @@
+"""Host memory of a sharded save and load, per rank; run under `accelerate launch` (tests/test_memory.py).
+
+    memory_probe.py OUT_DIR DATA_DIR
+
+A ~100M-parameter GPT-NeoX is built as train.py builds it, sharded with FSDP2 over gloo, trained one step (so
+AdamW has its states), saved like a checkpoint and loaded back. Each rank prints one JSON line: the resident
+memory its model build took, the peak extra resident memory of the save and of the load (VmHWM after a reset
+through /proc/self/clear_refs), and the sizes to compare them with.
+"""
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import train
+from configs.model import ModelConfig, build_model
+from utils import checkpoint as ckpt
+from utils.distributed import make_accelerator
+from utils.optim import build_optimizer
+from utils.tokenizers import load_tokenizer
+
+MB = 1 << 20
+
+
+def rss() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096
+
+
+def reset_peak() -> int:
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
+    return rss()
+
+
+def peak() -> int:
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
+out, data = Path(sys.argv[1]), Path(sys.argv[2])
+accelerator = make_accelerator("no", False, 10)
+rank = accelerator.process_index
+cfg = ModelConfig(hidden_size=768, num_layers=14, num_heads=12, intermediate_size=3072, max_position_embeddings=64,
+                  vocab_size=256)
+import transformers.models.gpt_neox.modeling_gpt_neox  # noqa: E402,F401 (imports are not the model's memory)
+from accelerate import init_empty_weights  # noqa: E402,F401
+
+before = rss()
+model = build_model(cfg, shapes_only=train.weights_come_from_rank0(accelerator))
+build = rss() - before
+params = sum(p.numel() for p in model.parameters())
+optimizer = build_optimizer(model, 1e-3, 0.1, (0.9, 0.95))
+model, optimizer = accelerator.prepare(model, optimizer)
+x = torch.randint(0, 256, (1, 8))
+train.lm_loss(model, x, x).backward()
+optimizer.step()
+optimizer.zero_grad(set_to_none=True)
+unwrapped = accelerator.unwrap_model(model)
+
+folder = out / "step-00000001"
+base = reset_peak()
+snap = ckpt.Snapshot(step=1, rank=rank, world_size=accelerator.num_processes,
+                     state=ckpt.stage(ckpt.sharded_state(unwrapped, optimizer.optimizer)), weights=None,
+                     rng=ckpt.rng_state(), hf_config=unwrapped.config, tokenizer=load_tokenizer(data),
+                     common={"scheduler": {}, "scaler": None, "loader": {}, "trainer": {}, "metrics": {}, "run_config": {}})
+ckpt.write_shards(snap, folder, ckpt.checkpoint_group())
+save = peak() - base
+del snap
+accelerator.wait_for_everyone()
+
+base = reset_peak()
+ckpt.load_sharded(folder, unwrapped, optimizer.optimizer)
+load = peak() - base
+print(json.dumps({"rank": rank, "build_mb": build / MB, "save_mb": save / MB, "load_mb": load / MB,
+                  "checkpoint_mb": sum(p.stat().st_size for p in folder.iterdir()) / MB,
+                  "weights_mb": params * 4 / MB, "optimizer_mb": params * 8 / MB}))
+accelerator.wait_for_everyone()
+torch.distributed.destroy_process_group()
