@@ -150,6 +150,12 @@ def test_run_cli_generates_on_the_host(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("Once upon") and r.stdout.rstrip().endswith("tokens/s]")
     assert "[5 tokens," in r.stdout or "tokens," in r.stdout.splitlines()[-1]  # fewer if end-of-text came
+    for flag, value, allowed in [("--temperature", "nan", "a finite number >= 0"), ("--temperature", "-1", ">= 0"),
+                                 ("--top-k", "-5", ">= 0"), ("--max-new-tokens", "0", ">= 1")]:
+        r = subprocess.run([sys.executable, "-m", "rp2040.run", tmp_path / "m", flag, value], capture_output=True,
+                           text=True, cwd=REPO)
+        assert r.returncode == 2 and r.stdout == "", (flag, value, r.stdout)
+        assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith(f"error: {flag} ") and allowed in r.stderr
     missing = subprocess.run([sys.executable, "-m", "rp2040.run", tmp_path / "nope"], capture_output=True,
                              text=True, cwd=REPO)
     assert missing.returncode == 2 and missing.stderr.startswith(f"error: {tmp_path / 'nope'} is missing model.bin")

@@ -143,3 +143,14 @@ def test_main_py_streams_text_and_reports_speed(checkpoints, tmp_path):
     out = wasm.run([run], model_dir)[0].stdout
     assert out.startswith("Hi")
     assert "tokens/s]" in out.splitlines()[-1]
+
+
+def test_main_py_with_a_truncated_or_foreign_model_prints_one_line(checkpoints, tmp_path):
+    """main.py runs at every boot: a bad model.bin must be one line, not a traceback on each reset."""
+    model_dir, _, _ = _export(checkpoints, "rp2040-speed", "int8", tmp_path)
+    data = (model_dir / "model.bin").read_bytes()
+    for content, line in [(data[:-3], "error: model.bin is truncated"),
+                          (b"GGUF" + data[4:], "error: not a piconeox model.bin (bad magic)")]:
+        (model_dir / "model.bin").write_bytes(content)
+        out = wasm.run(["open('/prompt.txt', 'w').write('Hi')\nimport main"], model_dir)[0].stdout
+        assert out.strip().splitlines() == [line]

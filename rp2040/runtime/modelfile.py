@@ -116,7 +116,10 @@ def verify_checksum(f, layout):
             raise FormatError("model.bin is truncated")
         crc = crc32(mv[:n], crc)
         left -= n
-    stored = struct.unpack("<I", f.read(4))[0]
+    tail = f.read(4)
+    if len(tail) != 4:
+        raise FormatError("model.bin is truncated")
+    stored = struct.unpack("<I", tail)[0]
     if (crc & 0xFFFFFFFF) != stored:
         raise FormatError("model.bin checksum mismatch (file corrupt or partly copied)")
     return True
