@@ -207,7 +207,15 @@ def emulate(model_dir: Path, prompt: str = DEFAULT_PROMPT, tokens: int = DEFAULT
 
 
 def host_ids(model_dir: Path, prompt_ids: list[int], tokens: int) -> list[int]:
-    """The ids the host computes for the same prompt ids and default sampling (the board must equal them)."""
+    """The ids the host computes for the same prompt ids and default sampling (the board must equal
+    them): the integer reference for int8 models (the spec), the runtime under CPython for f32."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    g = config["generation"]
+    if config["dtype"] == "int8":
+        from rp2040.reference import ReferenceModel, generate
+
+        return generate(ReferenceModel(Path(model_dir) / "model.bin"), prompt_ids, tokens, g["temperature"],
+                        g["top_k"], g["seed"], config["tokenizer"]["eos"])
     from rp2040.runtime.generate import Generator, load, sampler_for
 
     model, tok, config = load(str(model_dir))
@@ -245,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(run.ids)} tokens at {run.tok_per_s:.2f} tok/s emulated (125 MHz): step {run.step_ms:.1f} ms = "
           f"forward {run.step_ms - run.sample_ms:.1f} + sampling {run.sample_ms:.1f}; "
           f"prompt ({len(run.prompt_ids)} tokens) {run.prompt_us / 1000:.0f} ms")
-    print(f"heap: {run.heap_loaded:,} bytes free after load ({'layers streamed from flash' if run.stream else 'weights in RAM'}), "
-          f"{run.heap_min:,} minimum during generation (GC heap {HEAP_BYTES:,})")
+    predicted = json.loads((args.model_dir / "config.json").read_text())["ram"].get("free_after_load_bytes")
+    print(f"heap: {run.heap_loaded:,} bytes free after load ({'layers streamed from flash' if run.stream else 'weights in RAM'}; "
+          f"the exporter predicted {predicted:,}), {run.heap_min:,} minimum during generation (GC heap {HEAP_BYTES:,})")
     print(f"ids equal the host's: {'yes' if same else 'NO'}")
     print(f"[{run.emulated_s:.1f} s emulated in {run.wall_s:.0f} s wall]")
     return 0 if same else 1

@@ -2,6 +2,7 @@
 
 Emulation costs ~10 s of wall time per emulated second, so prompts stay short.
 """
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,9 @@ def test_emulated_pico_generates_the_host_ids(speed_int8):
     assert run.prompt_ids == [72, 105]
     assert len(run.ids) == 8 and run.ids == emulate.host_ids(speed_int8, run.prompt_ids, 8)
     assert 0 < run.heap_min <= run.heap_loaded < run.heap_imported < emulate.HEAP_BYTES
+    # the exporter's streaming-or-RAM choice rests on this prediction of the board's heap
+    predicted = json.loads((speed_int8 / "config.json").read_text())["ram"]["free_after_load_bytes"]
+    assert abs(run.heap_loaded - predicted) < 1024
     assert all(0 < s < t for s, t in zip(run.sample_us, run.step_us)) and run.tok_per_s > 0
 
 
