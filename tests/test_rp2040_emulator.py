@@ -8,13 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from configs.model import MODEL_PRESETS, build_model
 from rp2040 import emulate
 from rp2040.export import export
+from tests.rp2040_models import save_checkpoint
 from utils.errors import PiconeoxError
-from utils.tokenizers import build_tokenizer, save_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 needs_emulator = pytest.mark.skipif(emulate.unavailable() is not None, reason=str(emulate.unavailable()))
@@ -22,17 +20,8 @@ needs_emulator = pytest.mark.skipif(emulate.unavailable() is not None, reason=st
 
 @pytest.fixture(scope="module")
 def speed_int8(tmp_path_factory):
-    """rp2040-speed at a wide random init (logits spread like a trained model's), exported int8."""
     d = tmp_path_factory.mktemp("emu")
-    model = build_model(MODEL_PRESETS["rp2040-speed"])
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    model.save_pretrained(d / "ckpt")
-    save_tokenizer(build_tokenizer("byte", [], None), d / "ckpt" / "tokenizer.json")
-    export(d / "ckpt", d / "speed", "int8")
+    export(save_checkpoint("rp2040-speed", d / "ckpt")[0], d / "speed", "int8")
     return d / "speed"
 
 

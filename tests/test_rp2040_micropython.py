@@ -9,13 +9,12 @@ import json
 import pytest
 import torch
 
-from configs.model import MODEL_PRESETS, build_model
 from rp2040 import wasm
 from rp2040.export import export
 from rp2040.reference import ReferenceModel, generate
 from rp2040.runtime.generate import Generator, load
 from rp2040.runtime.sampling import Sampler
-from utils.tokenizers import build_tokenizer, save_tokenizer
+from tests.rp2040_models import save_checkpoint
 
 PRESETS = ("rp2040-speed", "rp2040-optimized", "rp2040-quality")
 IDS = [72, 101, 108, 108, 111, 32, 119, 111]  # "Hello wo" in byte ids
@@ -23,26 +22,12 @@ IDS = [72, 101, 108, 108, 111, 32, 119, 111]  # "Hello wo" in byte ids
 pytestmark = pytest.mark.skipif(wasm.unavailable() is not None, reason=str(wasm.unavailable()))
 
 
-def _init(model, seed):
-    # Wider than the 0.02 training init so logits are spread like a trained model's, not near-ties.
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """preset -> (HF checkpoint dir, torch model)."""
     out = {}
     for i, preset in enumerate(PRESETS):
-        d = tmp_path_factory.mktemp(preset)
-        model = _init(build_model(MODEL_PRESETS[preset]), seed=i)
-        model.save_pretrained(d)
-        save_tokenizer(build_tokenizer("byte", [], None), d / "tokenizer.json")
-        out[preset] = (d, model)
+        out[preset] = save_checkpoint(preset, tmp_path_factory.mktemp(preset), seed=i)
     return out
 
 

@@ -8,29 +8,20 @@ import numpy as np
 import pytest
 import torch
 
-from configs.model import MODEL_PRESETS, build_model
 from rp2040.export import export
 from rp2040.reference import ReferenceModel, generate, val_losses
 from rp2040.runtime import fixed
 from rp2040.runtime.gpt import GPT
-from utils.tokenizers import build_tokenizer, save_tokenizer
+from tests.rp2040_models import save_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def quality(tmp_path_factory):
-    """rp2040-quality (untied head and sequential residual too would be the odd shape's job) at a wide
-    random init, so logits are spread like a trained model's; exported int8 and f32."""
+    """rp2040-quality at a wide random init, exported int8 and f32."""
     d = tmp_path_factory.mktemp("ref")
-    model = build_model(MODEL_PRESETS["rp2040-quality"])
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    model.save_pretrained(d / "ckpt")
-    save_tokenizer(build_tokenizer("byte", [], None), d / "ckpt" / "tokenizer.json")
+    save_checkpoint("rp2040-quality", d / "ckpt", seed=3)
     export(d / "ckpt", d / "int8", "int8")
     export(d / "ckpt", d / "f32", "f32")
     return d

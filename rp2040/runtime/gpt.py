@@ -119,6 +119,16 @@ class Model:
         if not 0 <= token < self.h.vocab:
             raise ValueError("token %d outside the vocabulary of %d" % (token, self.h.vocab))
 
+    def _add_mlp(self, d):
+        """x += attention (parallel residual) + MLP output (in h2); sequential added attention already."""
+        x, out, h2 = self.x, self.out, self.h2
+        if self.h.parallel_residual:
+            for i in range(d):
+                x[i] += out[i] + h2[i]
+        else:
+            for i in range(d):
+                x[i] += h2[i]
+
     def close(self):
         """Release the file handle kept open for streaming."""
         self.f.close()
@@ -185,12 +195,7 @@ class IntGPT(Model):
             self._linear(mlp, h2, n, d, ld, w, w0 + lay.fc_in, p, pb + lay.fc_in_s, p[sh + 4], pb + lay.fc_in_b)
             IK.gelu(mlp, n, prm, self.gelu_off)
             self._linear(h2, mlp, d, n, ln, w, w0 + lay.fc_out, p, pb + lay.fc_out_s, p[sh + 5], pb + lay.fc_out_b)
-            if h.parallel_residual:
-                for i in range(d):
-                    x[i] += out[i] + h2[i]
-            else:
-                for i in range(d):
-                    x[i] += h2[i]
+            self._add_mlp(d)
         pf = lay.final_ln_w - self.p_base
         IK.layernorm(h1, x, d, prm, pf, pf + d, prm[self.c_off + fx.C_FINAL_S], self.eps, self.norm_bits)
         s = IK.quantize(self.xq, 0, h1, 0, d, ld)
@@ -249,12 +254,7 @@ class FloatGPT(Model):
             K.matvec_f32(mlp, w, w0 + lay.fc_in, h2, n, d, p, pb + lay.fc_in_b)
             K.gelu(mlp, n)
             K.matvec_f32(h2, w, w0 + lay.fc_out, mlp, d, n, p, pb + lay.fc_out_b)
-            if h.parallel_residual:
-                for i in range(d):
-                    x[i] += out[i] + h2[i]
-            else:
-                for i in range(d):
-                    x[i] += h2[i]
+            self._add_mlp(d)
         pf = lay.final_ln_w - self.p_base
         K.layernorm(h1, x, d, self.params, pf, pf + d, h.norm_eps)
         logits = memoryview(self.logits)

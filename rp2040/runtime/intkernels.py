@@ -5,7 +5,7 @@ integers. On the RP2040 the viper versions replace these (see the import at the 
 WebAssembly port, which has no native emitter, run these. Arrays are preallocated `array`s: "i" int32
 activations and P values, "b" int8 weights, "h" int16 KV cache, "b" per-row cache shifts.
 """
-from .fixed import ACT_FRAC, EXP_CUT, EXP_FRAC, GELU_LO, GELU_STEP_BITS, LOG2E, NORM_FRAC, ROPE_FRAC
+from .fixed import ACT_FRAC, EXP_CUT, EXP_FRAC, GELU_LO, GELU_STEP_BITS, LOG2E, NORM_FRAC, ROPE_FRAC, isqrt
 
 
 def quantize(dst, d_off, src, off, n, limit):
@@ -72,19 +72,7 @@ def layernorm(out, x, d, p, g_off, b_off, shift, eps, bits):
     for i in range(d):
         c = out[i] >> k
         ss += c * c
-    v = ss // d + (eps >> (2 * k))
-    r, bit = 0, 1 << 28  # floor(sqrt(v)), v < 2**30
-    while bit > v:
-        bit >>= 2
-    while bit:
-        if v >= r + bit:
-            v -= r + bit
-            r = (r >> 1) + bit
-        else:
-            r >>= 1
-        bit >>= 2
-    if r == 0:
-        r = 1
+    r = isqrt(ss // d + (eps >> (2 * k))) or 1
     down = shift - (ACT_FRAC - NORM_FRAC)
     for i in range(d):
         nq = ((out[i] >> k) << NORM_FRAC) // r
