@@ -31,12 +31,13 @@ from utils.errors import PiconeoxError
 
 DEFAULT_RAM_BUDGET_KB = 180
 DEFAULT_MIN_FREE_KB = 100
-# Measured on MicroPython v1.28.0 for RPI_PICO (245,888-byte GC heap) with `python -m rp2040.emulate`,
-# which prints both: the heap free once main.py has imported the runtime, and what loading a model
-# takes beyond its buffers (gpt.plan_buffers) and the bytes of vocab.bin (the tokenizer keeps about
-# that much): array and object headers, GC block rounding. 4,992-5,024 bytes over the three presets.
-BOARD_HEAP_FREE_BYTES = 207_952
-LOAD_OVERHEAD_BYTES = 5_024
+# Measured on MicroPython v1.28.0 for RPI_PICO (245,888-byte GC heap) with `python -m rp2040.emulate`
+# (its probe prints both): the heap free once main.py has imported the runtime, and what loading a
+# model and making its sampler take beyond the buffers (gpt.plan_buffers) and the bytes of vocab.bin
+# (the tokenizer keeps about that much): array and object headers, GC block rounding, the sampler's
+# tables. 5,160-5,290 bytes over the three presets. Re-measure when the runtime's code changes.
+BOARD_HEAP_FREE_BYTES = 207_728
+LOAD_OVERHEAD_BYTES = 5_200
 GENERATION_DEFAULTS = {"max_new_tokens": 64, "temperature": 0.8, "top_k": 40, "seed": 0}
 
 

@@ -35,11 +35,26 @@ def store16(dst: ptr16, d_off: int, src: ptr32, n: int):  # noqa: F821
 @micropython.viper
 def matvec(out: ptr32, w: ptr8, w_off: int, xq: ptr32, n_out: int, n_in: int, p: ptr32, m_off: int,  # noqa: F821
            shift: int, b_off: int):
-    k = w_off
+    pw = uint(w) + w_off  # walking addresses, four products per step: half the cycles of indexing
+    n4 = (n_in >> 2) << 2
     for o in range(n_out):
         acc = 0
-        for i in range(n_in):
-            acc += ((w[k + i] ^ 128) - 128) * xq[i]
+        px = uint(xq)
+        end = pw + n4
+        while pw < end:
+            a = ptr8(pw)  # noqa: F821
+            b = ptr32(px)  # noqa: F821
+            acc += (((a[0] ^ 128) - 128) * b[0] + ((a[1] ^ 128) - 128) * b[1]
+                    + ((a[2] ^ 128) - 128) * b[2] + ((a[3] ^ 128) - 128) * b[3])
+            pw += 4
+            px += 16
+        end += n_in - n4
+        while pw < end:
+            a = ptr8(pw)  # noqa: F821
+            b = ptr32(px)  # noqa: F821
+            acc += ((a[0] ^ 128) - 128) * b[0]
+            pw += 1
+            px += 4
         # floor(acc * m / 2**shift) in 32 bits: acc = hi * 2**15 + lo, |hi * m| and lo * m < 2**30
         m = p[m_off + o]
         hi = acc >> 15
@@ -53,7 +68,6 @@ def matvec(out: ptr32, w: ptr8, w_off: int, xq: ptr32, n_out: int, n_in: int, p:
         if b_off >= 0:
             y += p[b_off + o]
         out[o] = y
-        k += n_in
 
 
 @micropython.viper
