@@ -194,10 +194,16 @@ def attend(out: ptr32, q: ptr32, sq: int, kc: ptr16, vc: ptr16, base: int, pos: 
 def argmax(z: ptr32, n: int) -> int:  # noqa: F821
     best = z[0]
     arg = 0
-    for i in range(1, n):
-        if z[i] > best:
-            best = z[i]
+    pz = uint(z)
+    end = pz + 4 * n
+    i = 0
+    while pz < end:  # walking the address: fewer cycles per element than z[i]
+        v = ptr32(pz)[0]  # noqa: F821
+        if v > best:
+            best = v
             arg = i
+        i += 1
+        pz += 4
     return arg
 
 
@@ -213,9 +219,13 @@ def kth_largest(z: ptr32, n: int, k: int, heap: ptr32) -> int:  # noqa: F821
             heap[j] = heap[up]
             j = up
         heap[j] = v
-    for i in range(k, n):
-        v = z[i]
-        if v <= heap[0]:
+    root = heap[0]
+    pz = uint(z) + 4 * k
+    end = uint(z) + 4 * n
+    while pz < end:
+        v = ptr32(pz)[0]  # noqa: F821
+        pz += 4
+        if v <= root:
             continue
         j = 0
         c = 1
@@ -228,7 +238,8 @@ def kth_largest(z: ptr32, n: int, k: int, heap: ptr32) -> int:  # noqa: F821
             j = c
             c = 2 * j + 1
         heap[j] = v
-    return heap[0]
+        root = heap[0]
+    return root
 
 
 @micropython.viper
@@ -244,8 +255,11 @@ def draw(z: ptr32, n: int, top: int, tau: int, inv_t: int, t: ptr32, e_off: int,
         if rep:
             r = r % total
         acc = 0
-        for i in range(n):
-            v = z[i]
+        pz = uint(z)
+        end = pz + 4 * n
+        while pz < end:
+            v = ptr32(pz)[0]  # noqa: F821
+            pz += 4
             if v < tau:
                 continue
             d6 = (top - v) >> 6
@@ -261,6 +275,6 @@ def draw(z: ptr32, n: int, top: int, tau: int, inv_t: int, t: ptr32, e_off: int,
             a = t[j]
             acc += (a + (((t[j + 1] - a) * (y & 15)) >> 4)) >> (y >> 10)
             if rep and acc > r:
-                return i
+                return int(pz - uint(z)) // 4 - 1
         total = acc
     return 0
