@@ -249,7 +249,8 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
 
     import torch
     from tokenizers import Tokenizer
-    from transformers import GPTNeoXForCausalLM
+
+    from utils.consolidate import load_model
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
     checkpoint = Path(checkpoint or config["source"])
@@ -262,7 +263,7 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
     windows = [ids[i:i + ctx] for i in range(0, len(ids) - 1, ctx - 1) if len(ids[i:i + ctx]) > 1]
     if not windows:
         raise PiconeoxError("the text is too short: it needs at least 2 tokens")
-    torch_model = GPTNeoXForCausalLM.from_pretrained(checkpoint, dtype="float32").eval()
+    torch_model = load_model(checkpoint)  # float32, eval; checked against its marker when it has one
     totals = {"int8 reference": 0.0, "PyTorch f32": 0.0}
     count = 0
     for w in windows:
