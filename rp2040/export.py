@@ -1,16 +1,19 @@
 """Checkpoint -> models/<name>/{model.bin, vocab.bin, config.json}: the only writer of rp2040/FORMAT.md.
 
     python -m rp2040.export CHECKPOINT_OR_HF_DIR --out models/<name> [--dtype f32|int8]
-        [--ram-budget-kb 180] [--force]
+        [--ram-budget-kb 180] [--min-free-kb 100] [--force]
 
 Reads the shape from the checkpoint's config (never a preset), quantizes matrices to int8 with one
-scale per row when asked, estimates the RAM the runtime will allocate on the board, and refuses a
-model over the budget unless --force. Files are written atomically, and only after all checks pass.
+scale per row when asked, predicts the heap the runtime will use on the board from measurements of
+the real firmware, keeps the weights in RAM only when that leaves --min-free-kb free (else the runtime
+streams them from flash), and refuses a model over the budget unless --force. Files are written
+atomically, and only after all checks pass.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import struct
 import sys
 import zlib
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rp2040.runtime import fixed as fx
 from rp2040.runtime import modelfile as mf
 from rp2040.runtime import tokenizer as vf
 from rp2040.runtime.gpt import buffer_bytes, plan_buffers
@@ -26,13 +30,14 @@ from utils.atomic import atomic_write, atomic_write_json
 from utils.errors import PiconeoxError
 
 DEFAULT_RAM_BUDGET_KB = 180
-# Heap the runtime needs besides its planned buffers: the imported modules' bytecode and objects,
-# the open file, and the garbage of one token. Measured in the WebAssembly port (bench_rp2040.py).
-RUNTIME_OVERHEAD_BYTES = 24 * 1024
-# Weights stay in RAM only while that keeps the estimate under this; above it the runtime streams
-# each layer from flash. A step's flash read costs little next to its arithmetic (bench_rp2040.py
-# measures both modes), and the heap left over is headroom against fragmentation.
-RESIDENT_LIMIT_BYTES = 100 * 1024
+DEFAULT_MIN_FREE_KB = 100
+# Measured on MicroPython v1.28.0 for RPI_PICO (245,888-byte GC heap) with `python -m rp2040.emulate`
+# (its probe prints both): the heap free once main.py has imported the runtime, and what loading a
+# model and making its sampler take beyond the buffers (gpt.plan_buffers) and the bytes of vocab.bin
+# (the tokenizer keeps about that much): array and object headers, GC block rounding, the sampler's
+# tables. 5,160-5,290 bytes over the three presets. Re-measure when the runtime's code changes.
+BOARD_HEAP_FREE_BYTES = 207_728
+LOAD_OVERHEAD_BYTES = 5_200
 GENERATION_DEFAULTS = {"max_new_tokens": 64, "temperature": 0.8, "top_k": 40, "seed": 0}
 
 
@@ -144,20 +149,103 @@ def model_tensors(state: dict, shape: Shape) -> Tensors:
                    None if shape.tied else get("lm_head.weight"))
 
 
+def multipliers(scale: np.ndarray) -> tuple[np.ndarray, int]:
+    """Row scales as int32 multipliers and one shift: scale ~ M * 2**-S with |M| <= fixed.MULT_MAX."""
+    top = float(np.abs(scale).max())
+    if top == 0:
+        return np.zeros(scale.shape, np.int64), 0
+    shift = int(np.floor(np.log2(fx.MULT_MAX / top)))
+    m = np.rint(scale.astype(np.float64) * 2.0 ** shift).astype(np.int64)
+    while np.abs(m).max() > fx.MULT_MAX:  # log2 rounding at the boundary
+        shift -= 1
+        m = np.rint(scale.astype(np.float64) * 2.0 ** shift).astype(np.int64)
+    return m, shift
+
+
+def _q16(x: np.ndarray, what: str) -> np.ndarray:
+    """Biases and norm offsets in the activation format (int / 2**16); refuses what int32 cannot hold."""
+    q = np.rint(np.asarray(x, np.float64) * 2.0 ** fx.ACT_FRAC).astype(np.int64)
+    if q.size and np.abs(q).max() >= 2 ** 30:
+        raise PiconeoxError(f"{what} holds {np.abs(x).max():.4g}, beyond the int8 runtime's fixed-point range (2**14)")
+    return q
+
+
+def _gamma(w: np.ndarray, what: str) -> tuple[np.ndarray, int]:
+    """A LayerNorm weight as int * 2**-S with |int| <= fixed.GAMMA_MAX and S >= 4 (the norm's output shift)."""
+    top = float(np.abs(w).max())
+    shift = 30 if top == 0 else min(30, int(np.floor(np.log2(fx.GAMMA_MAX / top))))
+    if shift < 4:
+        raise PiconeoxError(f"{what} weight reaches {top:.4g}; the int8 runtime allows at most {fx.GAMMA_MAX / 16:.0f}")
+    g = np.rint(np.asarray(w, np.float64) * 2.0 ** shift).astype(np.int64)
+    return np.clip(g, -fx.GAMMA_MAX, fx.GAMMA_MAX), shift
+
+
+def constant_tables(shape: Shape) -> list[np.ndarray]:
+    """GELU table and rotary cos/sin of an int8 model (FORMAT.md), computed once, here."""
+    x = fx.GELU_LO + np.arange(fx.GELU_N, dtype=np.float64) / 64
+    gelu = np.rint([0.5 * v * (1 + math.erf(v / math.sqrt(2))) * 2.0 ** fx.ACT_FRAC for v in x])
+    half = shape.rotary_dims // 2
+    inv_freq = 1.0 / shape.rotary_base ** (np.arange(half, dtype=np.float64) * 2 / shape.rotary_dims)
+    angle = np.arange(shape.context, dtype=np.float64)[:, None] * inv_freq[None, :]
+    unit = 2.0 ** fx.ROPE_FRAC
+    return [gelu, np.rint(np.cos(angle) * unit).ravel(), np.rint(np.sin(angle) * unit).ravel()]
+
+
+def integer_params(t: Tensors, shape: Shape) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(section P as int32, the int8 matrices in W order) of an int8 model (FORMAT.md).
+
+    The q rows of query_key_value carry 1/sqrt(head_dim) in their scales and biases, so attention
+    scores need no extra multiply.
+    """
+    d = shape.hidden
+    q_scale = 1.0 / np.sqrt(d // shape.heads)
+    params, mats, tail_shifts = [], [], []
+    emb_q, emb_s = quantize_rows(t.embedding)
+    mats.append(emb_q)
+    for i, (p, m) in enumerate(zip(t.layer_params, t.layer_mats)):
+        ln1_g, ln1_s = _gamma(p[0], f"layer {i} input_layernorm")
+        ln2_g, ln2_s = _gamma(p[2], f"layer {i} post_attention_layernorm")
+        biases = [np.asarray(b, np.float64) for b in p[4:8]]
+        biases[0] = np.concatenate([biases[0][:d] * q_scale, biases[0][d:]])
+        rows, shifts = [], [ln1_s, ln2_s]
+        for j, w in enumerate(m):
+            q, s = quantize_rows(w)
+            if j == 0:
+                s = np.concatenate([s[:d] * np.float32(q_scale), s[d:]])
+            mult, shift = multipliers(s)
+            mats.append(q)
+            rows.append(mult)
+            shifts.append(shift)
+        params += [ln1_g, _q16(p[1], f"layer {i} input_layernorm bias"), ln2_g,
+                   _q16(p[3], f"layer {i} post_attention_layernorm bias")]
+        params += [_q16(b, f"layer {i} bias") for b in biases] + rows + [np.array(shifts)]
+    final_g, final_s = _gamma(t.final_norm[0], "final_layer_norm")
+    params += [final_g, _q16(t.final_norm[1], "final_layer_norm bias")]
+    emb_m, emb_shift = multipliers(emb_s)
+    params.append(emb_m)
+    head_shift = emb_shift
+    if t.head is not None:
+        head_q, head_s = quantize_rows(t.head)
+        head_m, head_shift = multipliers(head_s)
+        params.append(head_m)
+    eps = min(int(round(shape.norm_eps * 2.0 ** 32)), 2 ** 30 - 1)
+    params.append(np.array([final_s, emb_shift, head_shift, eps]))
+    params += constant_tables(shape)
+    if t.head is not None:
+        mats.append(head_q)
+    return np.concatenate([np.asarray(x, np.int64).ravel() for x in params]).astype("<i4"), mats
+
+
 def encode_model(state: dict, shape: Shape, dtype: str) -> bytes:
-    """The bytes of model.bin (FORMAT.md): P = per-layer blocks, final norm, [embedding/head scales]; W = matrices."""
+    """The bytes of model.bin (FORMAT.md): P = per-layer blocks, final norm, [int8: multipliers, constants];
+    W = matrices."""
     t = model_tensors(state, shape)
-    int8 = dtype == "int8"
-    tops = [t.embedding] + ([t.head] if t.head is not None else [])  # the matrices outside the layers
-    top_pairs = [quantize_rows(m) if int8 else (m, None) for m in tops]
-    params, mats = [], [top_pairs[0][0]]
-    for p, m in zip(t.layer_params, t.layer_mats):
-        pairs = [quantize_rows(w) if int8 else (w, None) for w in m]
-        params += p + ([s for _, s in pairs] if int8 else [])
-        mats += [q for q, _ in pairs]
-    params += t.final_norm + ([s for _, s in top_pairs] if int8 else [])
-    mats += [q for q, _ in top_pairs[1:]]
-    p = np.concatenate([np.asarray(x, np.float32).ravel() for x in params]).astype("<f4")
+    if dtype == "int8":
+        p, mats = integer_params(t, shape)
+    else:
+        p = np.concatenate([np.asarray(x, np.float32).ravel() for x in sum(t.layer_params, []) + t.final_norm])
+        p = p.astype("<f4")
+        mats = [t.embedding] + sum(t.layer_mats, []) + ([t.head] if t.head is not None else [])
     w = np.concatenate([np.asarray(m).ravel() for m in mats]).astype("i1" if dtype == "int8" else "<f4")
     flags = (mf.FLAG_TIED if shape.tied else 0) | (mf.FLAG_PARALLEL_RESIDUAL if shape.parallel_residual else 0)
     header = struct.pack(mf.HEADER_FORMAT, mf.MAGIC, mf.VERSION, mf.DTYPE_NAMES.index(dtype), flags,
@@ -166,23 +254,6 @@ def encode_model(state: dict, shape: Shape, dtype: str) -> bytes:
     body = header.ljust(mf.HEADER_SIZE, b"\0") + p.tobytes() + w.tobytes()
     body += b"\0" * (-len(body) % 4)
     return body + struct.pack("<I", zlib.crc32(body))
-
-
-def dequantized_state(state: dict, shape: Shape) -> dict:
-    """The state_dict a PyTorch model needs to compute exactly what the int8 file holds (for parity checks)."""
-    names = ["gpt_neox.embed_in.weight"] + [
-        f"gpt_neox.layers.{i}.{n}" for i in range(shape.layers)
-        for n in ("attention.query_key_value.weight", "attention.dense.weight",
-                  "mlp.dense_h_to_4h.weight", "mlp.dense_4h_to_h.weight")]
-    if not shape.tied:
-        names.append("lm_head.weight")
-    out = dict(state)
-    for name in names:
-        q, s = quantize_rows(state[name])
-        out[name] = q.astype(np.float32) * s[:, None]
-    if shape.tied:
-        out["lm_head.weight"] = out["gpt_neox.embed_in.weight"]
-    return out
 
 
 # ---------------------------------------------------------------- vocab.bin
@@ -266,20 +337,21 @@ class Vocab:
 # ---------------------------------------------------------------- RAM estimate and CLI
 
 def ram_estimate(model_bin: bytes, vocab_bin: bytes, stream: bool) -> int:
-    """Bytes of heap the runtime allocates on the board: planned buffers + vocab + fixed overhead."""
+    """Bytes of heap loading the model takes on the board: planned buffers + tokenizer + measured overhead."""
     header = mf.Header(model_bin[:mf.HEADER_SIZE])
     layout = mf.Layout(header)
-    # The tokenizer reads vocab.bin whole and keeps slices of it: about twice its size while loading.
-    return buffer_bytes(plan_buffers(header, layout, stream)) + 2 * len(vocab_bin) + RUNTIME_OVERHEAD_BYTES
+    return buffer_bytes(plan_buffers(header, layout, stream)) + len(vocab_bin) + LOAD_OVERHEAD_BYTES
 
 
 def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int = DEFAULT_RAM_BUDGET_KB,
-           force: bool = False) -> dict:
+           force: bool = False, min_free_kb: int = DEFAULT_MIN_FREE_KB) -> dict:
     """Export a checkpoint; returns the config.json written. Raises PiconeoxError (nothing written) on refusal."""
     if dtype not in mf.DTYPE_NAMES:
         raise PiconeoxError(f"--dtype {dtype!r} is not allowed; use one of {', '.join(mf.DTYPE_NAMES)}")
     if ram_budget_kb <= 0:
         raise PiconeoxError(f"--ram-budget-kb {ram_budget_kb} must be a positive number of KB")
+    if min_free_kb < 0:
+        raise PiconeoxError(f"--min-free-kb {min_free_kb} must be >= 0")
     src = resolve_checkpoint(Path(checkpoint))
     if not (src / "tokenizer.json").is_file():
         raise PiconeoxError(f"{src} has no tokenizer.json: the device needs it to encode and decode text")
@@ -296,12 +368,14 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
     vocab_bin = vocab.encode()
     budget = ram_budget_kb * 1024
     in_ram, streamed = ram_estimate(model_bin, vocab_bin, False), ram_estimate(model_bin, vocab_bin, True)
-    stream = in_ram > min(budget, RESIDENT_LIMIT_BYTES)
+    # Weights in RAM only while the board keeps --min-free-kb of its measured heap after loading.
+    stream = BOARD_HEAP_FREE_BYTES - in_ram < min_free_kb * 1024
     estimate = streamed if stream else in_ram
-    if estimate > budget and not force:
-        raise PiconeoxError(f"{src.name} as {dtype} needs about {estimate // 1024} KB of RAM "
-                            f"(even streaming layers from flash), over the {ram_budget_kb} KB budget; "
-                            "use --dtype int8, a smaller model, --ram-budget-kb, or --force")
+    if estimate > min(budget, BOARD_HEAP_FREE_BYTES) and not force:
+        raise PiconeoxError(f"{src.name} as {dtype} needs about {estimate // 1024} KB of heap "
+                            f"(even streaming layers from flash), over the {ram_budget_kb} KB budget or the "
+                            f"{BOARD_HEAP_FREE_BYTES // 1024} KB a Pico has free; use --dtype int8, a smaller "
+                            "model, --ram-budget-kb, or --force")
     config = {
         "format": {"model.bin": mf.VERSION, "vocab.bin": vf.VERSION},
         "source": str(src),
@@ -309,7 +383,9 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
         "shape": asdict(shape),
         "tokenizer": {"kind": vocab.kind, "eos": vocab.eos},
         "files": {"model.bin": len(model_bin), "vocab.bin": len(vocab_bin)},
-        "ram": {"estimate_bytes": estimate, "in_ram_bytes": in_ram, "streamed_bytes": streamed, "budget_bytes": budget},
+        "ram": {"estimate_bytes": estimate, "in_ram_bytes": in_ram, "streamed_bytes": streamed,
+                "budget_bytes": budget, "board_heap_free_bytes": BOARD_HEAP_FREE_BYTES,
+                "free_after_load_bytes": BOARD_HEAP_FREE_BYTES - estimate, "min_free_bytes": min_free_kb * 1024},
         "runtime": {"stream": stream},
         "generation": GENERATION_DEFAULTS,
     }
@@ -329,10 +405,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="int8", help="f32 or int8 (default int8)")
     ap.add_argument("--ram-budget-kb", type=int, default=DEFAULT_RAM_BUDGET_KB,
                     help=f"refuse models whose estimated heap exceeds this (default {DEFAULT_RAM_BUDGET_KB})")
+    ap.add_argument("--min-free-kb", type=int, default=DEFAULT_MIN_FREE_KB,
+                    help="keep the weights in RAM only if the Pico keeps this much heap free after loading; "
+                         f"else stream them from flash (default {DEFAULT_MIN_FREE_KB})")
     ap.add_argument("--force", action="store_true", help="export even when over the RAM budget")
     args = ap.parse_args(argv)
     try:
-        cfg = export(args.checkpoint, args.out, args.dtype, args.ram_budget_kb, args.force)
+        cfg = export(args.checkpoint, args.out, args.dtype, args.ram_budget_kb, args.force, args.min_free_kb)
     except PiconeoxError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -341,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.out / name}: {size:,} bytes")
     print(f"estimated RAM: {ram['estimate_bytes'] / 1024:.1f} KB of {ram['budget_bytes'] // 1024} KB budget "
           f"({'streaming layers from flash' if cfg['runtime']['stream'] else 'all weights in RAM'}; "
-          f"in RAM {ram['in_ram_bytes'] / 1024:.1f} KB, streamed {ram['streamed_bytes'] / 1024:.1f} KB)")
+          f"in RAM {ram['in_ram_bytes'] / 1024:.1f} KB, streamed {ram['streamed_bytes'] / 1024:.1f} KB); "
+          f"heap free after load on a Pico: about {ram['free_after_load_bytes'] / 1024:.1f} KB")
     if ram["estimate_bytes"] > ram["budget_bytes"]:
         print("warning: over the RAM budget (--force)", file=sys.stderr)
     return 0

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rp2040.bundle import DEVICE_MODEL_DIR, DEVICE_PACKAGE, compile_runtime, model_files, runtime_files
+from rp2040.bundle import DEVICE_MODEL_DIR, DEVICE_PACKAGE, check_model, compile_runtime, model_files, runtime_files
 from utils.atomic import atomic_write
 from utils.errors import PiconeoxError
 
@@ -101,6 +101,7 @@ def _mkdirs(dirs: list[str]) -> str:
 def board_files(model_dir: Path, mpy: bool, build_dir: Path, prompt: str | None) -> dict[str, Path]:
     """Device path -> host path of everything to copy."""
     files = model_files(model_dir)  # first: refuses a model dir without its files before any work
+    check_model(files[f"{DEVICE_MODEL_DIR}/model.bin"])  # truncated, foreign or corrupt: refused here, not on the board
     runtime = runtime_files()
     files = {**(compile_runtime(runtime, build_dir, march="armv6m") if mpy else runtime), **files}
     if prompt is not None:
@@ -125,10 +126,11 @@ def main(argv: list[str] | None = None) -> int:
             port = args.port if args.port != "auto" or args.dry_run else find_port()
             steps = plan(mpremote, port, files, start=args.prompt is not None)
             if args.dry_run:
+                # The build folder is deleted on exit: name it <build> rather than print a dead path.
                 print(f"plan for {args.model_dir} -> {port} ({len(files)} files, "
                       f"{sum(p.stat().st_size for p in files.values()):,} bytes; runtime at {DEVICE_PACKAGE}, "
-                      f"model at {DEVICE_MODEL_DIR}):")
-                print("\n".join(str(s) for s in steps))
+                      f"model at {DEVICE_MODEL_DIR}; <build> = a temporary folder for compiled .mpy and prompt.txt):")
+                print("\n".join(str(s) for s in steps).replace(tmp, "<build>"))
                 return 0
             free = subprocess.run([mpremote, "connect", port, "exec", FREE_FLASH_CMD], capture_output=True, text=True)
             if free.returncode != 0:

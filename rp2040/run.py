@@ -8,6 +8,7 @@ Defaults come from the model's config.json ("generation"), as on the board.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -31,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         model_files(args.model_dir)
         if args.max_new_tokens is not None and args.max_new_tokens < 1:
             raise PiconeoxError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
+        if args.temperature is not None and not (math.isfinite(args.temperature) and args.temperature >= 0):
+            raise PiconeoxError(f"--temperature {args.temperature} must be a finite number >= 0 (0 = greedy)")
+        if args.top_k is not None and args.top_k < 0:
+            raise PiconeoxError(f"--top-k {args.top_k} must be >= 0 (0 = all tokens)")
         run_session(str(args.model_dir), args.prompt, args.max_new_tokens, args.temperature, args.top_k,
                     args.seed, stream=True if args.stream else None,
                     write=lambda s: print(s, end="", flush=True))

@@ -41,11 +41,28 @@ def test_dry_run_prints_the_plan(model_dir):
 
 
 def test_dry_run_mpy_copies_native_bytecode(model_dir):
-    r = _cli(model_dir, "--dry-run", "--mpy")
+    r = _cli(model_dir, "--dry-run", "--mpy", "--prompt", "Hi")
     assert r.returncode == 0, r.stderr
+    built = [line.split()[-2] for line in r.stdout.splitlines() if " fs cp " in line and "/model/" not in line
+             and "main.py" not in line]
+    assert built and all(p.startswith("<build>/") for p in built)  # not a temp path deleted on exit
     assert ":/lib/piconeox/kernels_native.mpy" in r.stdout and ":/lib/piconeox/gpt.py" not in r.stdout
     assert ":/main.py" in r.stdout  # the board boots main.py from source
+    assert "exec 'import main'" in r.stdout.splitlines()[-1]
+
+
+def test_dry_run_without_prompt_resets_into_the_repl(model_dir):
+    r = _cli(model_dir, "--dry-run")
+    assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1].endswith(" reset")  # no --prompt: reboot into the REPL prompt
+
+
+def test_truncated_model_bin_is_refused_in_one_line(model_dir, tmp_path):
+    for name in ("vocab.bin", "config.json"):
+        (tmp_path / name).write_bytes((model_dir / name).read_bytes())
+    (tmp_path / "model.bin").write_bytes((model_dir / "model.bin").read_bytes()[:5000])
+    r = _cli(tmp_path, "--dry-run")
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {tmp_path / 'model.bin'}: model.bin is truncated"
 
 
 def test_no_board_is_one_clear_line(model_dir):
@@ -72,6 +89,6 @@ def test_files_that_do_not_fit_the_free_flash(model_dir):
     files = flash.board_files(model_dir, mpy=False, build_dir=model_dir, prompt=None)
     total = sum(p.stat().st_size for p in files.values())
     flash.check_fits(files, total)
-    with pytest.raises(PiconeoxError, match=rf"^12 files need {total:,} bytes but the board has {total - 1:,} bytes "
-                                            r"of free flash \(largest: model.bin, 13,828 bytes\)"):
+    with pytest.raises(PiconeoxError, match=rf"^14 files need {total:,} bytes but the board has {total - 1:,} bytes "
+                                            r"of free flash \(largest: model.bin, 16,968 bytes\)"):
         flash.check_fits(files, total - 1)

@@ -78,18 +78,21 @@ def prompt_ids(tok, text, context):
     return ids[-(context // 2):]
 
 
+def sampler_for(model, config, temperature=None, top_k=None, seed=None):
+    """The Sampler for a loaded model: the given settings, else config.json's "generation" defaults."""
+    g = config["generation"]
+    return Sampler(model.h.vocab, g["temperature"] if temperature is None else temperature,
+                   g["top_k"] if top_k is None else top_k, g["seed"] if seed is None else seed)
+
+
 def run_session(model_dir, prompt, max_new_tokens=None, temperature=None, top_k=None, seed=None,
                 stream=None, write=None):
     """Generate from `prompt`, writing text as it is produced; returns (new token ids, tokens/s)."""
     model, tok, config = load(model_dir, stream)
-    gen_cfg = config["generation"]
-    max_new_tokens = gen_cfg["max_new_tokens"] if max_new_tokens is None else max_new_tokens
-    sampler = Sampler(model.h.vocab,
-                      gen_cfg["temperature"] if temperature is None else temperature,
-                      gen_cfg["top_k"] if top_k is None else top_k,
-                      gen_cfg["seed"] if seed is None else seed)
+    if max_new_tokens is None:
+        max_new_tokens = config["generation"]["max_new_tokens"]
     write = write or (lambda s: print(s, end=""))
-    gen = Generator(model, sampler)
+    gen = Generator(model, sampler_for(model, config, temperature, top_k, seed))
     decoder = StreamDecoder(tok)
     ids = prompt_ids(tok, prompt, model.h.context)
     write(prompt)

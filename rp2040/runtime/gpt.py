@@ -1,55 +1,54 @@
 """The GPT-NeoX forward pass for one token at a time, with a KV cache, over preallocated buffers.
 
 Matches transformers' GPTNeoXForCausalLM: LayerNorm, fused QKV (rows stored q|k|v by the exporter),
-partial rotary (rotate_half), causal softmax attention scaled by 1/sqrt(head_dim), parallel or
-sequential residual, exact GELU MLP, final LayerNorm, tied or untied head. int8 models keep an
-int16 KV cache; streaming keeps no weights in RAM (see plan_buffers).
+partial rotary (rotate_half), causal softmax attention, parallel or sequential residual, GELU MLP,
+final LayerNorm, tied or untied head. f32 models compute in floats (FloatGPT); int8 models compute
+only in integers (IntGPT: rp2040/FORMAT.md's fixed point, spec rp2040/reference.py), with an int16
+KV cache. Streaming keeps no weights in RAM (see plan_buffers).
 """
 import gc
 import math
 from array import array
 
+from . import fixed as fx
+from . import intkernels as IK
 from . import kernels as K
 from .modelfile import read_header, read_into, verify_checksum
 
-
-# int8 models keep K and V as int16 rows with one float scale per row (layer, position): half the
-# bytes of a float cache, and 1/32767 of the row's largest value, finer than the activations' fixed point.
-KV_LEVELS = 32767
 ITEMSIZE = {"b": 1, "h": 2, "i": 4, "f": 4}
 
 
 def head_chunk(h):
-    """Rows of the output head computed per step: the largest matrix a layer has, so `acc` and the
-    streaming buffers of a layer hold one chunk and no buffer grows with the vocabulary but logits."""
+    """Rows of the output head read from flash per step when streaming: the largest matrix a layer
+    has, so the `layer` buffer holds one chunk and no buffer grows with the vocabulary but logits."""
     return max(3 * h.hidden, h.inter)
 
 
 def plan_buffers(h, lay, stream):
     """Every buffer the model needs: [(name, typecode, items)], largest first.
 
-    Shared with the exporter, whose RAM estimate is the sum of these plus a fixed overhead.
-    Streaming keeps no weights: each layer's W and P blocks, the embedding row of the token and
-    the head's chunks are read from flash into `layer` and `layer_params`; only the final norm stays.
+    Shared with the exporter, whose RAM estimate is the sum of these plus the runtime's measured
+    overhead. Streaming keeps no weights: each layer's W and P blocks, the embedding row of the token
+    and the head's chunks are read from flash into `layer` and `layer_params`; `params` keeps P from
+    the final norm on (int8: the row multipliers of the embedding and head, and the constant tables).
     """
-    d, n, v = h.hidden, h.inter, h.vocab
+    d, n, v, pt = h.hidden, h.inter, h.vocab, h.p_typecode
     if stream:
-        plan = [("layer", h.typecode, lay.w_layer), ("layer_params", "f", lay.p_layer), ("params", "f", 2 * d)]
+        plan = [("layer", h.typecode, lay.w_layer), ("layer_params", pt, lay.p_layer),
+                ("params", pt, lay.n_params - lay.final_ln_w)]
     else:
-        plan = [("weights", h.typecode, lay.n_weights), ("params", "f", lay.n_params)]
+        plan = [("weights", h.typecode, lay.n_weights), ("params", pt, lay.n_params)]
     kv = h.layers * h.context
-    plan += [
-        ("k_cache", "h" if h.int8 else "f", kv * d),
-        ("v_cache", "h" if h.int8 else "f", kv * d),
-        ("logits", "f", v),
-        ("scores", "f", h.context),
-        ("x", "f", d), ("h1", "f", d), ("h2", "f", d), ("attn", "f", d), ("out", "f", d),
-        ("qkv", "f", 3 * d), ("mlp", "f", n),
-        ("rope_cos", "f", h.context * (h.rotary_dims // 2)),
-        ("rope_sin", "f", h.context * (h.rotary_dims // 2)),
-    ]
+    act = "i" if h.int8 else "f"
+    plan += [("logits", act, v), ("scores", act, h.context), ("x", act, d), ("h1", act, d), ("h2", act, d),
+             ("attn", act, d), ("out", act, d), ("qkv", act, 3 * d), ("mlp", act, n)]
     if h.int8:
-        plan += [("k_scale", "f", kv), ("v_scale", "f", kv), ("xq", "i", max(d, n)), ("acc", "i", head_chunk(h))]
+        plan += [("k_cache", "h", kv * d), ("v_cache", "h", kv * d), ("k_shift", "b", kv), ("v_shift", "b", kv),
+                 ("q", "i", d), ("xq", "i", max(d, n))]
+    else:
+        plan += [("k_cache", "f", kv * d), ("v_cache", "f", kv * d),
+                 ("rope_cos", "f", h.context * (h.rotary_dims // 2)),
+                 ("rope_sin", "f", h.context * (h.rotary_dims // 2))]
     plan.sort(key=lambda e: -e[2] * ITEMSIZE[e[1]])
     return plan
 
@@ -73,38 +72,35 @@ class Zeros:
             yield 0
 
 
-class GPT:
-    """A model.bin loaded for token-by-token inference. `forward(token, pos)` returns the logits array."""
+def GPT(path, stream=False, verify=True):
+    """Load a model.bin for token-by-token inference: IntGPT for int8 files, FloatGPT for f32."""
+    f = open(path, "rb")
+    try:
+        h, lay = read_header(f)
+        verified = verify_checksum(f, lay) if verify else False
+    except Exception:
+        f.close()
+        raise
+    return (IntGPT if h.int8 else FloatGPT)(f, h, lay, stream, verified)
 
-    def __init__(self, path, stream=False, verify=True):
-        self.f = open(path, "rb")
-        h, lay = read_header(self.f)
-        self.h, self.lay, self.stream = h, lay, stream
-        self.checksum_verified = verify_checksum(self.f, lay) if verify else False
-        self.k_scale = self.v_scale = None  # float KV cache unless the plan has int16 rows
+
+class Model:
+    """Buffers and weight access shared by both forward passes. `forward(token, pos)` returns logits."""
+
+    def __init__(self, f, h, lay, stream, verified):
+        self.f, self.h, self.lay, self.stream, self.checksum_verified = f, h, lay, stream, verified
         gc.collect()  # then the largest buffers first, while the heap is least fragmented
         for name, typecode, items in plan_buffers(h, lay, stream):
             setattr(self, name, array(typecode, Zeros(items)))
         if stream:
             self.p_base = lay.final_ln_w  # `params` holds P from the final norm on
-            read_into(self.f, lay.p_offset + 4 * self.p_base, self.params, 8 * h.hidden)
+            read_into(f, lay.p_offset + 4 * self.p_base, self.params, 4 * (lay.n_params - self.p_base))
         else:
             self.p_base = 0
-            read_into(self.f, lay.p_offset, self.params, 4 * lay.n_params)
-            read_into(self.f, lay.w_offset, self.weights, lay.n_weights * h.itemsize)
-            self.f.close()
-        self.chunk = head_chunk(h)
-        self._init_rope()
-        self.scale = 1.0 / math.sqrt(h.head_dim)
-
-    def _init_rope(self):
-        # As transformers: inv_freq[i] = base ** (-2i / rotary_dims); angle = pos * inv_freq[i].
-        half = self.h.rotary_dims // 2
-        for i in range(half):
-            inv_freq = 1.0 / (self.h.rotary_base ** (2 * i / self.h.rotary_dims))
-            for pos in range(self.h.context):
-                self.rope_cos[pos * half + i] = math.cos(pos * inv_freq)
-                self.rope_sin[pos * half + i] = math.sin(pos * inv_freq)
+            read_into(f, lay.p_offset, self.params, 4 * lay.n_params)
+            read_into(f, lay.w_offset, self.weights, lay.n_weights * h.itemsize)
+            f.close()
+        self.chunk = head_chunk(h) if stream else h.vocab
 
     def _fetch(self, w_el, w_len, p_el, p_len):
         """(w, w_off, p, p_off) addressing W elements w_el.. and P elements p_el..; streaming reads
@@ -117,79 +113,153 @@ class GPT:
             read_into(self.f, lay.p_offset + 4 * p_el, memoryview(self.layer_params)[:p_len], 4 * p_len)
         return self.layer, 0, self.layer_params, 0
 
-    def _linear(self, out, x, n_out, n_in, w, w_off, p, s_off, b_off):
-        if self.h.int8:
-            factor = K.quantize(self.xq, 0, x, 0, n_in, K.activation_levels(n_in))
-            K.matvec_i8(out, w, w_off, self.xq, factor, n_out, n_in, p, s_off, b_off, self.acc)
+    def _check(self, token, pos):
+        if not 0 <= pos < self.h.context:
+            raise ValueError("position %d outside the model's context of %d" % (pos, self.h.context))
+        if not 0 <= token < self.h.vocab:
+            raise ValueError("token %d outside the vocabulary of %d" % (token, self.h.vocab))
+
+    def _add_mlp(self, d):
+        """x += attention (parallel residual) + MLP output (in h2); sequential added attention already."""
+        x, out, h2 = self.x, self.out, self.h2
+        if self.h.parallel_residual:
+            for i in range(d):
+                x[i] += out[i] + h2[i]
         else:
-            K.matvec_f32(out, w, w_off, x, n_out, n_in, p, b_off)
+            for i in range(d):
+                x[i] += h2[i]
 
-    def _embed(self, token):
-        d, x = self.h.hidden, self.x
-        w, k, p, s = self._fetch(token * d, d, self.lay.s_embed + token, 1 if self.h.int8 else 0)
-        scale = p[s] if self.h.int8 else 1.0
-        for i in range(d):
-            x[i] = w[k + i] * scale
+    def close(self):
+        """Release the file handle kept open for streaming."""
+        self.f.close()
 
-    def _head(self, x):
-        """logits = head(x), `chunk` rows at a time (tied: the embedding's rows and scales)."""
-        h, lay, d = self.h, self.lay, self.h.hidden
-        logits = memoryview(self.logits)
-        for r0 in range(0, h.vocab, self.chunk):
-            rows = min(self.chunk, h.vocab - r0)
-            w, w0, p, s0 = self._fetch(lay.w_head + r0 * d, rows * d, lay.s_head + r0, rows if h.int8 else 0)
-            self._linear(logits[r0:r0 + rows], x, rows, d, w, w0, p, s0, -1)
+
+class IntGPT(Model):
+    """int8 weights, int32 fixed-point activations, int16 KV cache: no float is made per token."""
+
+    def __init__(self, f, h, lay, stream, verified):
+        super().__init__(f, h, lay, stream, verified)
+        c = lay.consts - self.p_base  # the constants block inside `params`
+        p = self.params
+        self.c_off = c
+        self.eps = p[c + fx.C_EPS]
+        self.exp = array("i", fx.EXP_TABLE)
+        self.gelu_off = c + lay.gelu
+        self.cos_off, self.sin_off = c + lay.cos, c + lay.sin
+        self.norm_bits = fx.norm_bits(h.hidden)
+        self.qk_limit = (1 << fx.qk_bits(h.head_dim)) - 1
+        self.v_limit = (1 << fx.V_BITS) - 1
+        self.limit_d, self.limit_n = fx.input_limit(h.hidden), fx.input_limit(h.inter)
+
+    def _linear(self, out, x, n_out, n_in, limit, w, w_off, p, m_off, shift, b_off):
+        s = IK.quantize(self.xq, 0, x, 0, n_in, limit)
+        IK.matvec(out, w, w_off, self.xq, n_out, n_in, p, m_off, shift - s, b_off)
 
     def forward(self, token, pos):
-        """Run one token at position `pos` (0-based, < context); returns the `logits` array."""
+        """Run one token at position `pos` (0-based, < context); returns the int32 logits (Q16)."""
+        self._check(token, pos)
+        h, lay, prm = self.h, self.lay, self.params
+        d, n, hd, half = h.hidden, h.inter, h.head_dim, h.rotary_dims // 2
+        x, h1, h2, qkv, att, out, mlp = self.x, self.h1, self.h2, self.qkv, self.attn, self.out, self.mlp
+        ld, ln = self.limit_d, self.limit_n
+        w, k, _, _ = self._fetch(token * d, d, 0, 0)
+        mult = prm[lay.s_embed - self.p_base + token]
+        s = prm[self.c_off + fx.C_EMBED_S] - fx.ACT_FRAC
+        for i in range(d):
+            y = w[k + i] * mult
+            x[i] = y >> s if s >= 0 else y << -s
+        cos, sin = self.cos_off + pos * half, self.sin_off + pos * half
+        for layer in range(h.layers):
+            w, w0, p, pb = self._fetch(lay.w_layers0 + layer * lay.w_layer, lay.w_layer,
+                                       layer * lay.p_layer, lay.p_layer)
+            sh = pb + lay.shifts
+            IK.layernorm(h1, x, d, p, pb + lay.ln1_w, pb + lay.ln1_b, p[sh], self.eps, self.norm_bits)
+            self._linear(qkv, h1, 3 * d, d, ld, w, w0 + lay.qkv, p, pb + lay.qkv_s, p[sh + 2], pb + lay.qkv_b)
+            base = layer * h.context * d  # this layer's cache rows, one per position
+            kv = base + pos * d
+            srow = layer * h.context  # and their shifts
+            sq = IK.quantize(self.q, 0, qkv, 0, d, self.qk_limit)
+            IK.rotate(self.q, 0, h.heads, hd, half, prm, cos, sin)
+            self.k_shift[srow + pos] = IK.quantize(self.xq, 0, qkv, d, d, self.qk_limit)
+            IK.rotate(self.xq, 0, h.heads, hd, half, prm, cos, sin)
+            IK.store16(self.k_cache, kv, self.xq, d)
+            self.v_shift[srow + pos] = IK.quantize(self.xq, 0, qkv, 2 * d, d, self.v_limit)
+            IK.store16(self.v_cache, kv, self.xq, d)
+            IK.attend(att, self.q, sq, self.k_cache, self.v_cache, base, pos, h.heads, hd, d,
+                      self.k_shift, self.v_shift, srow, self.scores, self.exp, 0)
+            self._linear(out, att, d, d, ld, w, w0 + lay.dense, p, pb + lay.dense_s, p[sh + 3], pb + lay.dense_b)
+            if not h.parallel_residual:
+                for i in range(d):
+                    x[i] += out[i]
+            IK.layernorm(h2, x, d, p, pb + lay.ln2_w, pb + lay.ln2_b, p[sh + 1], self.eps, self.norm_bits)
+            self._linear(mlp, h2, n, d, ld, w, w0 + lay.fc_in, p, pb + lay.fc_in_s, p[sh + 4], pb + lay.fc_in_b)
+            IK.gelu(mlp, n, prm, self.gelu_off)
+            self._linear(h2, mlp, d, n, ln, w, w0 + lay.fc_out, p, pb + lay.fc_out_s, p[sh + 5], pb + lay.fc_out_b)
+            self._add_mlp(d)
+        pf = lay.final_ln_w - self.p_base
+        IK.layernorm(h1, x, d, prm, pf, pf + d, prm[self.c_off + fx.C_FINAL_S], self.eps, self.norm_bits)
+        s = IK.quantize(self.xq, 0, h1, 0, d, ld)
+        shift = prm[self.c_off + fx.C_HEAD_S] - s
+        logits = memoryview(self.logits)
+        for r0 in range(0, h.vocab, self.chunk):  # one chunk unless streaming
+            rows = min(self.chunk, h.vocab - r0)
+            w, w0, _, _ = self._fetch(lay.w_head + r0 * d, rows * d, 0, 0)
+            IK.matvec(logits[r0:r0 + rows], w, w0, self.xq, rows, d, prm, lay.s_head - self.p_base + r0, shift, -1)
+        return self.logits
+
+
+class FloatGPT(Model):
+    """f32 weights and activations (floats: each result is a heap object on the RP2040)."""
+
+    def __init__(self, f, h, lay, stream, verified):
+        super().__init__(f, h, lay, stream, verified)
+        # As transformers: inv_freq[i] = base ** (-2i / rotary_dims); angle = pos * inv_freq[i].
+        half = h.rotary_dims // 2
+        for i in range(half):
+            inv_freq = 1.0 / (h.rotary_base ** (2 * i / h.rotary_dims))
+            for pos in range(h.context):
+                self.rope_cos[pos * half + i] = math.cos(pos * inv_freq)
+                self.rope_sin[pos * half + i] = math.sin(pos * inv_freq)
+        self.scale = 1.0 / math.sqrt(h.head_dim)
+
+    def forward(self, token, pos):
+        """Run one token at position `pos` (0-based, < context); returns the float logits."""
+        self._check(token, pos)
         h, lay = self.h, self.lay
-        if not 0 <= pos < h.context:
-            raise ValueError("position %d outside the model's context of %d" % (pos, h.context))
-        if not 0 <= token < h.vocab:
-            raise ValueError("token %d outside the vocabulary of %d" % (token, h.vocab))
         d, n, hd, half = h.hidden, h.inter, h.head_dim, h.rotary_dims // 2
         x, h1, h2, qkv, att, out, mlp = self.x, self.h1, self.h2, self.qkv, self.attn, self.out, self.mlp
         rope = pos * half  # this position's row of the cos/sin tables
-        self._embed(token)
+        w, k, _, _ = self._fetch(token * d, d, 0, 0)
+        for i in range(d):
+            x[i] = w[k + i]
         for layer in range(h.layers):
             w, w0, p, pb = self._fetch(lay.w_layers0 + layer * lay.w_layer, lay.w_layer,
                                        layer * lay.p_layer, lay.p_layer)
             K.layernorm(h1, x, d, p, pb + lay.ln1_w, pb + lay.ln1_b, h.norm_eps)
-            self._linear(qkv, h1, 3 * d, d, w, w0 + lay.qkv, p, pb + lay.qkv_s, pb + lay.qkv_b)
+            K.matvec_f32(qkv, w, w0 + lay.qkv, h1, 3 * d, d, p, pb + lay.qkv_b)
             for head in range(h.heads):
                 K.rotate(qkv, head * hd, self.rope_cos, self.rope_sin, rope, half)
                 K.rotate(qkv, d + head * hd, self.rope_cos, self.rope_sin, rope, half)
             base = layer * h.context * d  # this layer's cache rows, one per position
             kv = base + pos * d
-            srow = layer * h.context  # and their scales (int8 models)
-            if h.int8:
-                self.k_scale[srow + pos] = K.quantize(self.k_cache, kv, qkv, d, d, KV_LEVELS)
-                self.v_scale[srow + pos] = K.quantize(self.v_cache, kv, qkv, 2 * d, d, KV_LEVELS)
-            else:
-                for i in range(d):
-                    self.k_cache[kv + i] = qkv[d + i]
-                    self.v_cache[kv + i] = qkv[2 * d + i]
-            K.attend(att, qkv, self.k_cache, self.v_cache, base, pos, h.heads, hd, d, self.scores, self.scale,
-                     self.k_scale, self.v_scale, srow)
-            self._linear(out, att, d, d, w, w0 + lay.dense, p, pb + lay.dense_s, pb + lay.dense_b)
+            for i in range(d):
+                self.k_cache[kv + i] = qkv[d + i]
+                self.v_cache[kv + i] = qkv[2 * d + i]
+            K.attend(att, qkv, self.k_cache, self.v_cache, base, pos, h.heads, hd, d, self.scores, self.scale)
+            K.matvec_f32(out, w, w0 + lay.dense, att, d, d, p, pb + lay.dense_b)
             if not h.parallel_residual:
                 for i in range(d):
                     x[i] += out[i]
             K.layernorm(h2, x, d, p, pb + lay.ln2_w, pb + lay.ln2_b, h.norm_eps)
-            self._linear(mlp, h2, n, d, w, w0 + lay.fc_in, p, pb + lay.fc_in_s, pb + lay.fc_in_b)
+            K.matvec_f32(mlp, w, w0 + lay.fc_in, h2, n, d, p, pb + lay.fc_in_b)
             K.gelu(mlp, n)
-            self._linear(h2, mlp, d, n, w, w0 + lay.fc_out, p, pb + lay.fc_out_s, pb + lay.fc_out_b)
-            if h.parallel_residual:
-                for i in range(d):
-                    x[i] += out[i] + h2[i]
-            else:
-                for i in range(d):
-                    x[i] += h2[i]
+            K.matvec_f32(h2, w, w0 + lay.fc_out, mlp, d, n, p, pb + lay.fc_out_b)
+            self._add_mlp(d)
         pf = lay.final_ln_w - self.p_base
         K.layernorm(h1, x, d, self.params, pf, pf + d, h.norm_eps)
-        self._head(h1)
+        logits = memoryview(self.logits)
+        for r0 in range(0, h.vocab, self.chunk):  # one chunk unless streaming
+            rows = min(self.chunk, h.vocab - r0)
+            w, w0, _, _ = self._fetch(lay.w_head + r0 * d, rows * d, 0, 0)
+            K.matvec_f32(logits[r0:r0 + rows], w, w0, h1, rows, d, None, -1)
         return self.logits
-
-    def close(self):
-        """Release the file handle kept open for streaming."""
-        self.f.close()

@@ -1,9 +1,8 @@
-"""Numeric kernels of the forward pass, in plain Python that MicroPython and CPython both run.
+"""Float kernels of the f32 forward pass, in plain Python that MicroPython and CPython both run.
 
 Buffers are preallocated `array`s; kernels write into `out` and never build lists. Weights are
-addressed as (buffer, element offset) so one kernel serves resident and streamed layers. The int8
-matrix kernel accumulates in integers: on an RP2040 every float result is a heap object, a small
-int is not. `rows_dot_i8` is replaced by a viper version when the port supports it (kernels_native).
+addressed as (buffer, element offset) so one kernel serves resident and streamed layers. On an
+RP2040 every float result is a heap object: int8 models use intkernels.py instead.
 """
 import math
 
@@ -18,9 +17,6 @@ except ImportError:  # builds without math special functions: Abramowitz-Stegun 
         return s * y
 
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
-# Fixed-point activations for the int8 kernel: |sum of n products| <= 127 * n * limit < 2**29, so the
-# accumulator stays a small int (no heap) on a 32-bit MicroPython and fits viper's machine word.
-ACC_BOUND = 1 << 29
 
 
 def layernorm(out, x, n, p, w_off, b_off, eps):
@@ -56,56 +52,6 @@ def matvec_f32(out, w, w_off, x, n_out, n_in, p, b_off):
         k += n_in
 
 
-def quantize(q, q_off, x, x_off, n, levels):
-    """q[q_off:][:n] = round(x[x_off:][:n] / scale) with scale = max|x| / levels; returns scale (x ~ q * scale).
-
-    Used for the int8 path's fixed-point activations and for its int16 KV cache rows.
-    """
-    m = 0.0
-    for i in range(n):
-        a = abs(x[x_off + i])
-        if a > m:
-            m = a
-    if m == 0.0:
-        for i in range(n):
-            q[q_off + i] = 0
-        return 0.0
-    scale = m / levels
-    for i in range(n):
-        q[q_off + i] = round(x[x_off + i] / scale)
-    return scale
-
-
-def activation_levels(n):
-    """Fixed-point levels for an n-input int8 dot product: the accumulator stays below ACC_BOUND."""
-    return ACC_BOUND // (127 * n)
-
-
-def rows_dot_i8(acc, w, w_off, xq, n_out, n_in):
-    """acc[o] = sum_i w[w_off + o*n_in + i] * xq[i], all in integers."""
-    k = w_off
-    for o in range(n_out):
-        s = 0
-        for i in range(n_in):
-            s += w[k + i] * xq[i]
-        acc[o] = s
-        k += n_in
-
-
-try:
-    from .kernels_native import rows_dot_i8  # noqa: F811  (viper: RP2040 and other native ports)
-except (ImportError, SyntaxError):
-    pass  # CPython, or a port without native emitters (WebAssembly): keep the plain loop
-
-
-def matvec_i8(out, w, w_off, xq, x_factor, n_out, n_in, p, s_off, b_off, acc):
-    """out[o] = acc[o] * scale[o] * x_factor (+ bias): int8 rows times fixed-point activations."""
-    rows_dot_i8(acc, w, w_off, xq, n_out, n_in)
-    for o in range(n_out):
-        y = acc[o] * (p[s_off + o] * x_factor)
-        out[o] = y + p[b_off + o] if b_off >= 0 else y
-
-
 def rotate(v, off, cos, sin, t_off, half):
     """GPT-NeoX rotary on v[off : off + 2*half] (rotate_half pairs i with i + half), angles at cos/sin[t_off:]."""
     for i in range(half):
@@ -117,12 +63,8 @@ def rotate(v, off, cos, sin, t_off, half):
         v[off + half + i] = b * c + a * s
 
 
-def attend(out, q, kc, vc, base, t, heads, hd, stride, scores, scale, ks, vs, s_base):
-    """Causal attention of one query over cached positions 0..t (K/V rows at base + j*stride).
-
-    ks/vs: per-position scales of an integer cache (row j is kc[row] * ks[s_base + j]), or None
-    for a float cache.
-    """
+def attend(out, q, kc, vc, base, t, heads, hd, stride, scores, scale):
+    """Causal attention of one query over cached positions 0..t (K/V rows at base + j*stride)."""
     for h in range(heads):
         qo = h * hd
         best = -1e30
@@ -131,7 +73,7 @@ def attend(out, q, kc, vc, base, t, heads, hd, stride, scores, scale, ks, vs, s_
             s = 0.0
             for e in range(hd):
                 s += q[qo + e] * kc[k + e]
-            s *= scale if ks is None else scale * ks[s_base + j]
+            s *= scale
             scores[j] = s
             if s > best:
                 best = s
@@ -140,7 +82,7 @@ def attend(out, q, kc, vc, base, t, heads, hd, stride, scores, scale, ks, vs, s_
         for j in range(t + 1):
             e = math.exp(scores[j] - best)
             total += e
-            scores[j] = e if vs is None else e * vs[s_base + j]  # folds the V row's scale into its weight
+            scores[j] = e
         for e in range(hd):
             s = 0.0
             k = base + qo + e

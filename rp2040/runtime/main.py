@@ -1,7 +1,9 @@
 """Board entry point (copied to /main.py by rp2040/flash.py; the runtime is /lib/piconeox/).
 
 Generates from /prompt.txt if it exists, else asks for prompts at the REPL, streaming the tokens
-and printing tokens/s. The model is /model/{model.bin, vocab.bin, config.json}.
+and printing tokens/s. The model is /model/{model.bin, vocab.bin, config.json}. A model the runtime
+cannot use (missing, truncated, foreign, too large) is one `error:` line, then the REPL: main.py runs
+at every boot, so a traceback here would repeat on each reset.
 """
 from piconeox.generate import run_session
 
@@ -27,4 +29,7 @@ def main():
             run_session(MODEL_DIR, prompt)
 
 
-main()
+try:
+    main()
+except (ValueError, OSError, MemoryError, KeyError) as e:  # FormatError is a ValueError
+    print("error:", e)

@@ -1,11 +1,14 @@
 """Reader of model.bin (spec: rp2040/FORMAT.md; the only writer is rp2040/export.py).
 
-The file is a 64-byte header, then section P (float32: per layer its norms, biases and, for int8,
-one scale per matrix row; then the final norm and the embedding's scales), then section W (the matrices, float32 or int8), then a CRC-32 of everything before it.
+The file is a 64-byte header, then section P (4-byte values: float32 norms and biases for f32 models;
+int32 fixed-point norms, biases, row multipliers, shifts and tables for int8 models), then section W
+(the matrices, float32 or int8), then a CRC-32 of everything before it.
 This module decodes the header, computes where every tensor sits, and reads sections into buffers
 the caller allocated (so the caller controls allocation order).
 """
 import struct
+
+from .fixed import C_TABLES, GELU_N
 
 try:
     from binascii import crc32
@@ -13,10 +16,10 @@ except ImportError:  # a build without binascii.crc32 cannot verify the checksum
     crc32 = None
 
 MAGIC = b"PNXM"
-VERSION = 2
+VERSION = 3
 HEADER_SIZE = 64
 # magic, version, dtype, flags, vocab, hidden, layers, heads, intermediate, context, rotary dims,
-# P floats, W bytes, norm eps, rotary base; the rest of the 64 bytes is reserved (zero).
+# P values, W bytes, norm eps, rotary base; the rest of the 64 bytes is reserved (zero).
 HEADER_FORMAT = "<4sHBB9Iff"
 DTYPE_F32 = 0
 DTYPE_INT8 = 1
@@ -48,29 +51,39 @@ class Header:
         self.head_dim = self.hidden // self.heads
         self.typecode = "b" if self.int8 else "f"
         self.itemsize = 1 if self.int8 else 4
+        self.p_typecode = "i" if self.int8 else "f"  # section P: int32 fixed point, or float32
 
 
 class Layout:
-    """Offsets of every tensor, in elements: float32 elements of P and weight elements of W.
+    """Offsets of every tensor, in elements: 4-byte elements of P and weight elements of W.
 
-    P holds one contiguous block per layer (norms, biases and, for int8, that layer's row scales),
-    so a runtime short of RAM reads a layer's P block and W block per step and keeps neither.
+    P holds one contiguous block per layer (norms, biases and, for int8, that layer's row multipliers
+    and shifts), so a runtime short of RAM reads a layer's P block and W block per step and keeps neither.
     """
 
     def __init__(self, h):
         d, n, v, layers = h.hidden, h.inter, h.vocab, h.layers
         # P block of a layer: ln1.w ln1.b ln2.w ln2.b qkv.b[3d] dense.b[d] fc_in.b[n] fc_out.b[d],
-        # then int8 only: row scales of qkv[3d] dense[d] fc_in[n] fc_out[d].
+        # then int8 only: row multipliers of qkv[3d] dense[d] fc_in[n] fc_out[d], and 6 shifts
+        # (ln1, ln2, qkv, dense, fc_in, fc_out).
         self.ln1_w, self.ln1_b, self.ln2_w, self.ln2_b = 0, d, 2 * d, 3 * d
         self.qkv_b, self.dense_b, self.fc_in_b, self.fc_out_b = 4 * d, 7 * d, 8 * d, 8 * d + n
         self.qkv_s, self.dense_s, self.fc_in_s, self.fc_out_s = 9 * d + n, 12 * d + n, 13 * d + n, 13 * d + 2 * n
-        self.p_layer = 9 * d + n + (5 * d + n if h.int8 else 0)
-        # After the layers: final norm, then int8 only: embedding row scales[v], untied head's[v].
+        self.shifts = 14 * d + 2 * n  # int8: ln1, ln2, qkv, dense, fc_in, fc_out
+        self.p_layer = 9 * d + n + (5 * d + n + 6 if h.int8 else 0)
+        # After the layers: final norm, then int8 only: embedding row multipliers[v], untied head's[v],
+        # then the constants block (fixed.py: shifts, eps, GELU table, rotary cos and sin).
         self.final_ln_w = layers * self.p_layer
         self.final_ln_b = self.final_ln_w + d
         self.s_embed = self.final_ln_b + d
         self.s_head = self.s_embed + (0 if h.tied else v)
-        self.n_params = self.s_embed + ((v if h.tied else 2 * v) if h.int8 else 0)
+        self.consts = self.s_embed + (v if h.tied else 2 * v)
+        half = h.rotary_dims // 2
+        self.gelu = C_TABLES  # offsets inside the constants block
+        self.cos = self.gelu + GELU_N
+        self.sin = self.cos + h.context * half
+        self.n_consts = self.sin + h.context * half
+        self.n_params = self.consts + self.n_consts if h.int8 else self.s_embed
         # W: embedding [v x d]; per layer qkv [3d x d] dense [d x d] fc_in [n x d] fc_out [d x n]; head.
         self.qkv, self.dense, self.fc_in, self.fc_out = 0, 3 * d * d, 4 * d * d, 4 * d * d + n * d
         self.w_layer = 4 * d * d + 2 * n * d
@@ -116,7 +129,10 @@ def verify_checksum(f, layout):
             raise FormatError("model.bin is truncated")
         crc = crc32(mv[:n], crc)
         left -= n
-    stored = struct.unpack("<I", f.read(4))[0]
+    tail = f.read(4)
+    if len(tail) != 4:
+        raise FormatError("model.bin is truncated")
+    stored = struct.unpack("<I", tail)[0]
     if (crc & 0xFFFFFFFF) != stored:
         raise FormatError("model.bin checksum mismatch (file corrupt or partly copied)")
     return True

@@ -1,113 +1,52 @@
-"""Choosing the next token: greedy, temperature and top-k, with a seedable RNG.
+"""Choosing the next token: greedy, or temperature and top-k in integers, with a seedable xorshift32.
 
-The RNG is our own xorshift32, so MicroPython and CPython draw the same numbers for the same seed
-(their `random` modules differ).
+O(vocab) passes, no sorting and no allocation per token (rp2040/FORMAT.md, spec rp2040/reference.py):
+the k-th largest logit in one pass through a k-entry min-heap, then one pass summing exp-table
+weights exp((z - max) / T) of the tokens at or above it and one finding where a uniform draw falls. The RNG is our own, so MicroPython and CPython draw the same numbers for the same seed.
+f32 models' float logits are first rounded to the same fixed point (value * 2**16).
 """
-import math
 from array import array
 
-MASK32 = 0xFFFFFFFF
-
-
-class Rng:
-    """xorshift32 (Marsaglia 2003). `random()` is uniform in [0, 1)."""
-
-    def __init__(self, seed=0):
-        self.state = (seed & MASK32) or 0x9E3779B9  # the state must never be 0
-
-    def next_u32(self):
-        x = self.state
-        x ^= (x << 13) & MASK32
-        x ^= x >> 17
-        x ^= (x << 5) & MASK32
-        self.state = x
-        return x
-
-    def random(self):
-        return self.next_u32() / 4294967296.0
-
-    def state_dict(self):
-        return {"state": self.state}
-
-    def load_state_dict(self, state):
-        self.state = state["state"]
-
+from . import intkernels as IK
+from .fixed import ACT_FRAC, EXP_TABLE, INV_T_FRAC, MULT_MAX
 
 class Sampler:
     """Picks a token from logits. temperature <= 0 or top_k == 1 is greedy; top_k = 0 means all.
 
-    Only top-k keeps arrays (k candidates); greedy and all-token sampling read the logits in place.
-    """
+    A temperature below 1/8 samples as greedy (1/T must fit its fixed point)."""
 
     def __init__(self, vocab, temperature=0.0, top_k=0, seed=0):
-        if temperature < 0:
-            raise ValueError("temperature %r: must be >= 0 (0 = greedy)" % temperature)
+        if not (temperature >= 0 and temperature - temperature == 0):  # refuses nan and inf
+            raise ValueError("temperature %r: must be a finite number >= 0 (0 = greedy)" % temperature)
         if top_k < 0 or top_k > vocab:
             raise ValueError("top_k %r: must be between 0 (all tokens) and the vocab size %d" % (top_k, vocab))
         self.temperature = temperature
-        self.top_k = top_k
-        self.rng = Rng(seed)
-        self.greedy = temperature <= 0 or top_k == 1
-        if not self.greedy and top_k:
-            self.idx = array("H" if vocab < 65536 else "I", range(top_k))  # candidates, best first
-            self.val = array("f", range(top_k))
+        self.top_k = top_k if top_k < vocab else 0
+        self.inv_t = int((1 << INV_T_FRAC) / temperature + 0.5) if temperature > 0 else 0
+        self.greedy = temperature <= 0 or top_k == 1 or self.inv_t > MULT_MAX
+        self.rng = array("I", [(seed & 0xFFFFFFFF) or 0x9E3779B9])  # the state must never be 0
+        self.exp = array("i", EXP_TABLE)
+        self.z = None  # int copy of float logits (f32 models), made on first use
+        self.heap = array("i", range(self.top_k))
 
     def __call__(self, logits):
+        z, n = logits, len(logits)
+        if not isinstance(logits[0], int):
+            if self.z is None:
+                self.z = array("i", range(n))
+            z = self.z
+            unit = 1 << ACT_FRAC
+            for i in range(n):
+                v = logits[i] * unit
+                z[i] = int(v) if -1e9 < v < 1e9 else (-1000000000 if v < 0 else 1000000000)
+        best = IK.argmax(z, n)
         if self.greedy:
-            return argmax(logits)
-        if self.top_k:
-            k = self._top_k(logits)
-            return self._draw(self.val, k, self.idx)
-        return self._draw(logits, len(logits), None)
-
-    def _draw(self, val, k, idx):
-        """A token from softmax(val[:k] / temperature) (ids idx[j], or j when idx is None); val is kept."""
-        best = val[0]
-        for j in range(1, k):
-            if val[j] > best:
-                best = val[j]
-        total = 0.0
-        for j in range(k):
-            total += math.exp((val[j] - best) / self.temperature)
-        r = self.rng.random() * total
-        for j in range(k):
-            r -= math.exp((val[j] - best) / self.temperature)
-            if r < 0:
-                return j if idx is None else idx[j]
-        return k - 1 if idx is None else idx[k - 1]
-
-    def _top_k(self, logits):
-        """Fill idx/val with the k largest logits, sorted descending (insertion into a small array)."""
-        k = len(self.idx)
-        idx, val = self.idx, self.val
-        filled = 0
-        for t in range(len(logits)):
-            v = logits[t]
-            if filled == k and v <= val[k - 1]:
-                continue
-            j = filled if filled < k else k - 1
-            while j > 0 and val[j - 1] < v:
-                val[j] = val[j - 1]
-                idx[j] = idx[j - 1]
-                j -= 1
-            val[j] = v
-            idx[j] = t
-            if filled < k:
-                filled += 1
-        return filled
+            return best
+        tau = IK.kth_largest(z, n, self.top_k, self.heap) if self.top_k else -(1 << 30)
+        return IK.draw(z, n, z[best], tau, self.inv_t, self.exp, 0, self.rng)
 
     def state_dict(self):
-        return {"rng": self.rng.state_dict()}
+        return {"rng": {"state": self.rng[0]}}
 
     def load_state_dict(self, state):
-        self.rng.load_state_dict(state["rng"])
-
-
-def argmax(logits):
-    """Index of the largest value (the first one on ties, like torch.argmax)."""
-    best, arg = logits[0], 0
-    for t in range(1, len(logits)):
-        v = logits[t]
-        if v > best:
-            best, arg = v, t
-    return arg
+        self.rng[0] = state["rng"]["state"]

@@ -1,0 +1,306 @@
+"""The host reference of the int8 integer forward pass and sampler: the spec the device must equal.
+
+    python -m rp2040.reference models/<name> --text ../shared/data/tinystories/tinystories_val.txt
+        [--checkpoint CKPT] [--max-tokens 20000]
+
+numpy, vectorised over a sequence's positions; every step is rp2040/FORMAT.md's integer arithmetic,
+so the runtime (viper on the board, plain Python on the host and in WebAssembly) must produce the same
+integers, hence the same token ids. Every intermediate is checked to fit a 32-bit signed word.
+The CLI reports the reference's val loss on held-out text next to PyTorch float32's on the checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from rp2040.runtime import fixed as fx
+from rp2040.runtime.modelfile import HEADER_SIZE, FormatError, Header, Layout
+from utils.errors import PiconeoxError
+
+LIMIT = 2 ** 31
+
+
+def _fits(a: np.ndarray, what: str) -> np.ndarray:
+    if a.size and np.abs(a).max() >= LIMIT:
+        raise OverflowError(f"{what} leaves the 32-bit range the device computes in")
+    return a
+
+
+def shr(v: np.ndarray, n) -> np.ndarray:
+    """floor(v / 2**n), or v * 2**-n for negative n (elementwise n allowed)."""
+    n = np.asarray(n, np.int64)
+    return np.where(n >= 0, v >> np.maximum(n, 0), v << np.maximum(-n, 0))
+
+
+def bitlen(v: np.ndarray) -> np.ndarray:
+    return np.frexp(np.asarray(v, np.float64))[1].astype(np.int64)  # exact below 2**53
+
+
+def quantize(x: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row shifted right (rounding) by the smallest s >= 0 with max|row| >> s <= limit: (ints, s)."""
+    m = np.abs(x).max(-1)
+    s = np.maximum(bitlen(m) - bitlen(np.int64(limit)), 0)  # fewer bits would leave m above the limit
+    s = s + ((m >> s) > limit)  # same bit length as the limit but larger
+    half = (np.int64(1) << s) >> 1
+    return (x + half[..., None]) >> s[..., None], s
+
+
+def mulshr(a: np.ndarray, m: np.ndarray, n) -> np.ndarray:
+    """floor(a * m / 2**n): the device splits a into 15-bit halves to compute it in 32 bits."""
+    return _fits(shr(a * m, n), "a requantized output")
+
+
+def linear(x: np.ndarray, w: np.ndarray, mult: np.ndarray, shift: int, bias: np.ndarray | None) -> np.ndarray:
+    xq, s = quantize(x, fx.input_limit(w.shape[1]))
+    acc = _fits(xq @ w.T.astype(np.int64), "an int8 dot product")
+    y = mulshr(acc, mult, shift - s[..., None])
+    return y if bias is None else _fits(y + bias, "a linear output")
+
+
+def layernorm(x: np.ndarray, g: np.ndarray, b: np.ndarray, shift: int, eps: int) -> np.ndarray:
+    d = x.shape[-1]
+    mean = _fits(x.sum(-1), "a norm's sum") // d
+    c = x - mean[..., None]
+    m = np.abs(c).max(-1)
+    k = np.maximum(bitlen(m) - fx.norm_bits(d), 0)
+    cs = c >> k[..., None]
+    var = _fits((cs * cs).sum(-1), "a norm's sum of squares") // d
+    v = var + (eps >> (2 * k))
+    sigma = np.floor(np.sqrt(v.astype(np.float64))).astype(np.int64)
+    sigma -= sigma * sigma > v
+    sigma += (sigma + 1) * (sigma + 1) <= v
+    sigma = np.maximum(sigma, 1)
+    nq = (cs << fx.NORM_FRAC) // sigma[..., None]
+    out = ((nq * g) >> (shift - (fx.ACT_FRAC - fx.NORM_FRAC))) + b
+    return _fits(np.where((m == 0)[..., None], b, out), "a norm's output")
+
+
+def gelu(x: np.ndarray, table: np.ndarray) -> np.ndarray:
+    u = x - (fx.GELU_LO << fx.ACT_FRAC)
+    inside = (u >= 0) & (u < (len(table) - 1) << fx.GELU_STEP_BITS)
+    j = np.clip(u >> fx.GELU_STEP_BITS, 0, len(table) - 2)
+    f = u & ((1 << fx.GELU_STEP_BITS) - 1)
+    y = table[j] + (((table[j + 1] - table[j]) * f) >> fx.GELU_STEP_BITS)
+    return np.where(inside, y, np.where(u < 0, 0, x))
+
+
+def exp_q15(u: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """2**15 * exp(-u / 2**10) for u >= 0: exp table in log2 steps of 1/64, linear in between."""
+    cut = u >= fx.EXP_CUT
+    y = (np.where(cut, 0, u) * fx.LOG2E) >> 14
+    i = (y & 1023) >> 4
+    f = y & 15
+    p = (table[i] + (((table[i + 1] - table[i]) * f) >> 4)) >> np.minimum(y >> 10, 31)
+    return np.where(cut | (y >= fx.EXP_CUT), 0, p)
+
+
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, heads: int, head_dim: int) -> np.ndarray:
+    """Rotary on the first 2*half dims of each head (rotate_half pairing), Q14 tables [T, half]."""
+    half = cos.shape[1]
+    out = x.copy()
+    for h in range(heads):
+        a = x[:, h * head_dim:h * head_dim + half]
+        b = x[:, h * head_dim + half:h * head_dim + 2 * half]
+        out[:, h * head_dim:h * head_dim + half] = (a * cos - b * sin) >> fx.ROPE_FRAC
+        out[:, h * head_dim + half:h * head_dim + 2 * half] = (b * cos + a * sin) >> fx.ROPE_FRAC
+    return out
+
+
+class ReferenceModel:
+    """An int8 model.bin as numpy arrays; `logits(ids)` gives every position's int logits (Q16)."""
+
+    def __init__(self, path: str | Path):
+        data = Path(path).read_bytes()
+        h = Header(data[:HEADER_SIZE])
+        if not h.int8:
+            raise PiconeoxError(f"{path} is an f32 export; the integer reference needs --dtype int8")
+        lay = Layout(h)
+        self.h, self.lay = h, lay
+        p = np.frombuffer(data, "<i4", lay.n_params, lay.p_offset).astype(np.int64)
+        w = np.frombuffer(data, "i1", lay.n_weights, lay.w_offset)
+        d, n = h.hidden, h.inter
+        self.consts = p[lay.consts:]
+        c = self.consts
+        half = h.rotary_dims // 2
+        self.gelu_t = c[lay.gelu:lay.gelu + fx.GELU_N]
+        self.exp_t = np.array(fx.EXP_TABLE, np.int64)
+        self.cos = c[lay.cos:lay.cos + h.context * half].reshape(h.context, half)
+        self.sin = c[lay.sin:lay.sin + h.context * half].reshape(h.context, half)
+        self.eps = int(c[fx.C_EPS])
+        self.embed = w[:lay.w_layers0].reshape(h.vocab, d)
+        self.embed_m, self.embed_s = p[lay.s_embed:lay.s_embed + h.vocab], int(c[fx.C_EMBED_S])
+        if h.tied:
+            self.head, self.head_m = self.embed, self.embed_m
+        else:
+            self.head = w[lay.w_head:lay.w_head + h.vocab * d].reshape(h.vocab, d)
+            self.head_m = p[lay.s_head:lay.s_head + h.vocab]
+        self.head_s = int(c[fx.C_HEAD_S])
+        self.final = (p[lay.final_ln_w:lay.final_ln_w + d], p[lay.final_ln_b:lay.final_ln_b + d], int(c[fx.C_FINAL_S]))
+        self.layers = []
+        for i in range(h.layers):
+            b = p[i * lay.p_layer:(i + 1) * lay.p_layer]
+            wl = w[lay.w_layers0 + i * lay.w_layer:lay.w_layers0 + (i + 1) * lay.w_layer]
+            sh = [int(v) for v in b[lay.shifts:lay.shifts + 6]]
+            mats = [wl[lay.qkv:lay.dense].reshape(3 * d, d), wl[lay.dense:lay.fc_in].reshape(d, d),
+                    wl[lay.fc_in:lay.fc_out].reshape(n, d), wl[lay.fc_out:].reshape(d, n)]
+            self.layers.append({
+                "ln1": (b[lay.ln1_w:lay.ln1_b], b[lay.ln1_b:lay.ln2_w], sh[0]),
+                "ln2": (b[lay.ln2_w:lay.ln2_b], b[lay.ln2_b:lay.qkv_b], sh[1]),
+                "qkv": (mats[0], b[lay.qkv_s:lay.dense_s], sh[2], b[lay.qkv_b:lay.dense_b]),
+                "dense": (mats[1], b[lay.dense_s:lay.fc_in_s], sh[3], b[lay.dense_b:lay.fc_in_b]),
+                "fc_in": (mats[2], b[lay.fc_in_s:lay.fc_out_s], sh[4], b[lay.fc_in_b:lay.fc_out_b]),
+                "fc_out": (mats[3], b[lay.fc_out_s:lay.fc_out_s + d], sh[5], b[lay.fc_out_b:lay.fc_out_b + d]),
+            })
+
+    def _attention(self, qkv: np.ndarray) -> np.ndarray:
+        h = self.h
+        d, hd, t = h.hidden, h.head_dim, qkv.shape[0]
+        lim = (1 << fx.qk_bits(hd)) - 1
+        q, sq = quantize(qkv[:, :d], lim)
+        k, sk = quantize(qkv[:, d:2 * d], lim)
+        v, sv = quantize(qkv[:, 2 * d:], (1 << fx.V_BITS) - 1)
+        q = rotate(q, self.cos[:t], self.sin[:t], h.heads, hd)
+        k = rotate(k, self.cos[:t], self.sin[:t], h.heads, hd)
+        out = np.zeros((t, d), np.int64)
+        causal = np.tril(np.ones((t, t), bool))
+        for head in range(h.heads):
+            cols = slice(head * hd, (head + 1) * hd)
+            raw = _fits(q[:, cols] @ k[:, cols].T, "an attention score")
+            z = _fits(shr(raw, 22 - sq[:, None] - sk[None, :]), "an attention score")
+            z = np.where(causal, z, np.iinfo(np.int64).min // 4)
+            p = np.where(causal, exp_q15(np.where(causal, z.max(1, keepdims=True) - z, 0), self.exp_t), 0)
+            wgt = (p << fx.EXP_FRAC) // p.sum(1, keepdims=True)
+            terms = shr(wgt[:, :, None] * v[None, :, cols], 11 - sv[None, :, None])  # Q20
+            out[:, cols] = _fits(terms.sum(1), "an attention output") >> 4
+        return out
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        """Int logits (value = int / 2**16) of every position of `ids` (at most the context)."""
+        h = self.h
+        if len(ids) > h.context:
+            raise ValueError(f"{len(ids)} tokens exceed the context of {h.context}")
+        ids = np.asarray(ids)
+        x = shr(self.embed[ids].astype(np.int64) * self.embed_m[ids, None], self.embed_s - fx.ACT_FRAC)
+        for L in self.layers:
+            h1 = layernorm(x, *L["ln1"], self.eps)
+            att = linear(self._attention(linear(h1, *L["qkv"])), *L["dense"])
+            if not h.parallel_residual:
+                x = _fits(x + att, "the residual stream")
+            h2 = layernorm(x, *L["ln2"], self.eps)
+            mlp = linear(gelu(linear(h2, *L["fc_in"]), self.gelu_t), *L["fc_out"])
+            x = _fits(x + mlp + (att if h.parallel_residual else 0), "the residual stream")
+        return linear(layernorm(x, *self.final, self.eps), self.head, self.head_m, self.head_s, None)
+
+
+class ReferenceSampler:
+    """The integer sampler (FORMAT.md): greedy, or top-k over exp-table probabilities with xorshift32."""
+
+    def __init__(self, temperature: float, top_k: int, seed: int):
+        self.inv_t = int((1 << fx.INV_T_FRAC) / temperature + 0.5) if temperature > 0 else 0
+        self.greedy = temperature <= 0 or top_k == 1 or self.inv_t > fx.MULT_MAX
+        self.top_k = top_k
+        self.state = (seed & 0xFFFFFFFF) or 0x9E3779B9
+
+    def rand30(self) -> int:
+        x = self.state
+        x ^= (x << 13) & 0xFFFFFFFF
+        x ^= x >> 17
+        x ^= (x << 5) & 0xFFFFFFFF
+        self.state = x
+        return x >> 2
+
+    def __call__(self, logits: np.ndarray, exp_t: np.ndarray) -> int:
+        z = logits.astype(np.int64)
+        if self.greedy:
+            return int(np.argmax(z))
+        top = z.max()
+        keep = np.ones(len(z), bool)
+        if 0 < self.top_k < len(z):
+            keep = z >= np.partition(z, len(z) - self.top_k)[len(z) - self.top_k]
+        d6 = (top - z) >> 6
+        far = d6 >= 1 << 16
+        u = (np.where(far, 0, d6) * self.inv_t) >> fx.INV_T_FRAC
+        p = np.where(keep & ~far, exp_q15(u, exp_t), 0)
+        r = self.rand30() % int(p.sum())
+        return int(np.argmax(np.cumsum(p) > r))
+
+
+def generate(model: ReferenceModel, prompt: list[int], n: int, temperature: float, top_k: int, seed: int,
+             eos: int = -1) -> list[int]:
+    """What the device generates: ids after `prompt`, stopping after `n` or at end-of-text (included)."""
+    sampler, ids, out = ReferenceSampler(temperature, top_k, seed), list(prompt), []
+    while len(out) < n and len(ids) < model.h.context:
+        t = sampler(model.logits(ids)[-1], model.exp_t)
+        out.append(t)
+        if t == eos:
+            break
+        ids.append(t)
+    return out
+
+
+def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_tokens: int = 20000) -> dict:
+    """Mean next-token loss on `text` (windows of the model's context) of the integer reference and of
+    PyTorch float32 on the checkpoint it was exported from."""
+    import json
+
+    import torch
+    from tokenizers import Tokenizer
+
+    from utils.consolidate import load_model
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    checkpoint = Path(checkpoint or config["source"])
+    if not (checkpoint / "tokenizer.json").is_file():
+        raise PiconeoxError(f"{checkpoint} has no tokenizer.json; pass --checkpoint, the folder the model came from")
+    ref = ReferenceModel(Path(model_dir) / "model.bin")
+    ids = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    ids = ids[:max_tokens + 1]
+    ctx = ref.h.context
+    windows = [ids[i:i + ctx] for i in range(0, len(ids) - 1, ctx - 1) if len(ids[i:i + ctx]) > 1]
+    if not windows:
+        raise PiconeoxError("the text is too short: it needs at least 2 tokens")
+    torch_model = load_model(checkpoint)  # float32, eval; checked against its marker when it has one
+    totals = {"int8 reference": 0.0, "PyTorch f32": 0.0}
+    count = 0
+    for w in windows:
+        target = np.asarray(w[1:])
+        z = ref.logits(w)[:-1].astype(np.float64) / 2 ** fx.ACT_FRAC
+        with torch.no_grad():
+            f = torch_model(torch.tensor([w])).logits[0, :-1].double().numpy()
+        for name, logits in (("int8 reference", z), ("PyTorch f32", f)):
+            top = logits.max(-1, keepdims=True)
+            logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+            totals[name] -= logp[np.arange(len(target)), target].sum()
+        count += len(target)
+    return {name: total / count for name, total in totals.items()} | {"tokens": count}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rp2040.reference", description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_dir", type=Path, help="an int8 export, e.g. models/<name>")
+    ap.add_argument("--text", type=Path, required=True, help="held-out text, e.g. a validation file")
+    ap.add_argument("--checkpoint", type=Path, help="the checkpoint it was exported from (default: config.json's source)")
+    ap.add_argument("--max-tokens", type=int, default=20000, help="evaluate at most this many tokens (default 20000)")
+    args = ap.parse_args(argv)
+    try:
+        if args.max_tokens < 1:
+            raise PiconeoxError(f"--max-tokens {args.max_tokens} must be >= 1")
+        if not args.text.is_file():
+            raise PiconeoxError(f"--text {args.text} is not a file")
+        text = args.text.read_text(encoding="utf-8", errors="replace")
+        losses = val_losses(args.model_dir, text, args.checkpoint, args.max_tokens)
+    except (PiconeoxError, FormatError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ref, f32 = losses["int8 reference"], losses["PyTorch f32"]
+    print(f"val loss on {losses['tokens']:,} tokens of {args.text.name}: int8 integer reference {ref:.4f} "
+          f"(ppl {math.exp(ref):.2f}), PyTorch f32 {f32:.4f} (ppl {math.exp(f32):.2f}), {100 * (ref / f32 - 1):+.2f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
