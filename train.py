@@ -45,6 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "covers a resume download or a synchronous save of the 1.2B preset)")
     p.add_argument("--init-from", metavar="PATH", help="start from a local GPT-NeoX checkpoint in Hugging Face format (a "
                    "downloaded Pythia, or checkpoints/<run>/final): its weights, tokenizer and model shape; fresh optimizer")
+    p.add_argument("--report-to", default="tensorboard", metavar="T1,T2", help="trackers for every logged value: "
+                   "tensorboard (default), wandb, mlflow, ... (accelerate's), comma-separated, or none")
     p.add_argument("--sample-prompt", default="Once upon a time", help="prompt for the text sample printed at the end")
     # Shortcuts for the most used train.* settings (same as --set train.KEY=VALUE).
     for flag, key in SHORTCUTS.items():
@@ -282,8 +284,10 @@ def find_micro_batch(model, seq_len: int, accelerator, start: int = 256) -> int:
 def train(args, cleanup: contextlib.ExitStack) -> int:
     """The run; `cleanup` closes the checkpoint uploader (a flush) and the signal handlers on every exit path."""
     from configs.presets import resolve_config
+    from utils.trackers import parse_report_to
 
     cfg, pretrained = with_init_from(args, resolve_config(args.config, args.config_file, overrides_from_args(args)))
+    report_to = parse_report_to(args.report_to)
     if args.preflight:
         preflight(args, cfg, pretrained)
         return 0
@@ -335,7 +339,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
     log = setup_logging(log_dir / "training.log", is_main)
-    metrics = MetricsWriter(log_dir, is_main)
+    metrics = MetricsWriter(log_dir, is_main, report_to)
+    cleanup.callback(metrics.close)  # on every exit path: flush TensorBoard, finish the W&B run
 
     # Each storage call gives up within one grace period, so a dead bucket cannot hold a clean stop for long.
     stop = StopRequest(args.grace_seconds)
@@ -400,6 +405,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
 
     saved_step = state.step  # the step of the newest full checkpoint handed to the uploader
     run_config = {**cfg.to_dict(), "data_tokenizer_sha256": tokenizer_sha256, "init_from": args.init_from}
+    metrics.start(state.step, {**run_config, "run": {"name": run, "data_dir": str(data_dir), "parameters": n_params,
+                                                     "world_size": world, "device": accelerator.device.type}})
 
     def save(folder: Path, weights_only: bool = False) -> None:
         """Only the copy of this rank's shard off the device blocks; the uploader threads write, upload, rotate."""
@@ -512,17 +519,20 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     last = run_dir / ckpt.step_dir_name(state.step)
     if saved_step != state.step:  # breaks (early stop, signal) can come before a due save
         save(last)
+    sample = None
     if not stop.stopping:  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
-        log_sample(accelerator.unwrap_model(model, keep_torch_compile=False), tokenizer, args.sample_prompt, tc.seed, log)
+        sample = log_sample(accelerator.unwrap_model(model, keep_torch_compile=False), tokenizer, args.sample_prompt, tc.seed, log)
     uploader.close(timeout=stop.remaining())  # every rank's saver; no limit unless stopping on a signal
     check_uploads()
     if is_main:
         publish_final(last, run_dir / "final", consolidate=not stop.stopping, log=log)
         metrics.save_history(log_dir / "history.json")
         metrics.plot(log_dir / "loss.png")
-        metrics.close()
         log.info(f"stopped at step {state.step}: {stop_reason}; best val loss {state.best_val_loss:.4f}")
         log.info(f"checkpoints in {run_dir}, logs in {log_dir} (tensorboard --logdir {args.log_dir})")
+        if sample is not None:
+            metrics.text(state.step, "sample", sample)
+        metrics.close()
     accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     accelerator.end_training()
     if uploader.fatal:
@@ -530,7 +540,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     return 0
 
 
-def log_sample(model, tokenizer, prompt: str, seed: int, log) -> None:
+def log_sample(model, tokenizer, prompt: str, seed: int, log) -> str:
     """Every rank samples: under FSDP each forward all-gathers the shards, so rank 0 alone would hang.
 
     The same seed and the same gathered weights give every rank the same 200 forwards; rank 0 logs.
@@ -539,6 +549,7 @@ def log_sample(model, tokenizer, prompt: str, seed: int, log) -> None:
 
     text = sample_text(model, tokenizer, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=seed)
     log.info("sample:\n" + text)
+    return text
 
 
 class TrainingDiverged(PiconeoxError):
