@@ -28,50 +28,55 @@ def wandb_records(run_file):
             yield record
 
 
-def test_wandb_offline_run_holds_the_config_and_every_scalar(tmp_path, tiny_data, monkeypatch):
-    monkeypatch.delenv("WANDB_DIR")  # the default: next to the run's other logs
-    code, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "4", "--eval-every", "2", "--report-to", "tensorboard,wandb")
-    assert code == 0
-    logs = tmp_path / "logs" / "run"
-    (run_file,) = logs.glob("wandb/offline-run-*/run-*.wandb")  # what `wandb sync` uploads
-
+def read_wandb_run(run_file):
+    """(scalars by step, config, texts {key: (step, text)}) of a W&B run file."""
     scalars, config, texts = {}, {}, {}
     for record in wandb_records(run_file):
         kind = record.WhichOneof("record_type")
         if kind == "history":
             items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
             step = items.pop("_step")
+            texts.update({k: (step, items.pop(k)) for k in ("config", "sample") if k in items})
             scalars.setdefault(step, {}).update({k: v for k, v in items.items() if not k.startswith("_")})
         elif kind == "config":
             config.update({i.key: json.loads(i.value_json) for i in record.config.update})
-    for step, items in scalars.items():
-        texts.update({k: (step, items.pop(k)) for k in ("config", "sample") if k in items})
+    return {step: values for step, values in scalars.items() if values}, config, texts
 
+
+def test_every_tracker_gets_every_scalar_the_config_and_the_sample(tmp_path, tiny_data, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    monkeypatch.delenv("WANDB_DIR")  # the default: next to the run's other logs
+    code, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "4", "--eval-every", "2", "--report-to", "tensorboard,wandb")
+    assert code == 0
+    logs = tmp_path / "logs" / "run"
     expected = {}
     for row in json.loads((logs / "history.json").read_text()):
         expected.setdefault(row.pop("step"), {}).update(row)
-    assert sorted(s for s, v in scalars.items() if v) == sorted(expected)
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "val/loss"} <= set(expected[4])
+
+    # W&B, offline: the run folder `wandb sync` uploads holds every scalar, the config and the texts
+    (run_file,) = logs.glob("wandb/offline-run-*/run-*.wandb")
+    scalars, config, texts = read_wandb_run(run_file)
+    assert sorted(scalars) == sorted(expected)
     for step, values in expected.items():
         assert scalars[step] == pytest.approx(values)
-    assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "val/loss"} <= set(expected[4])
     assert config["model.hidden_size"] == 32 and config["train.max_steps"] == 4 and config["run.name"] == "run"
     assert texts["sample"][0] == 4 and "Once upon a time" in texts["sample"][1]
     assert "hidden_size: 32" in texts["config"][1]
     run_id = run_file.name[len("run-"):-len(".wandb")]
-    saved = json.loads((run_dir / "final" / "metrics.json").read_text())
-    assert saved["tracker_run_ids"] == {"wandb": run_id}  # a resume continues this W&B run
+    assert json.loads((run_dir / "final" / "metrics.json").read_text())["tracker_run_ids"] == {"wandb": run_id}
 
-
-def test_tensorboard_has_config_and_sample_text_and_hparams(tmp_path, tiny_data):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.plugins.hparams import plugin_data_pb2
-
-    code, _, _ = run(tmp_path, tiny_data, "--max-steps", "2")
-    logs = tmp_path / "logs" / "run"
+    # TensorBoard: the same scalars, the config and sample text panels, and the hparams summary
     acc = EventAccumulator(str(logs))
     acc.Reload()
+    for key in expected[4]:
+        events = acc.Scalars(key)
+        assert [e.step for e in events] == [step for step, values in sorted(expected.items()) if key in values]
+        assert [e.value for e in events] == pytest.approx([expected[e.step][key] for e in events])
     text = {tag: acc.Tensors(tag)[-1].tensor_proto.string_val[0].decode() for tag in acc.Tags()["tensors"]}
-    assert code == 0 and "learning_rate: 0.003" in text["config/text_summary"]
+    assert "learning_rate: 0.003" in text["config/text_summary"]
     assert text["sample/text_summary"].lstrip().startswith("Once upon a time")
     (hparams_dir,) = [p.parent for p in logs.glob("*/events.out.tfevents*")]
     acc = EventAccumulator(str(hparams_dir))
