@@ -142,9 +142,9 @@ def with_init_from(args, cfg):
     if not args.init_from:
         return cfg, None
     from configs.presets import RunConfig
-    from utils.pretrained import inspect
+    from utils.pretrained import open_pretrained
 
-    pretrained = inspect(args.init_from)
+    pretrained = open_pretrained(args.init_from)
     return RunConfig(cfg.preset, pretrained.model, cfg.train).validate(), pretrained
 
 

@@ -64,7 +64,7 @@ class Pretrained:
         return AutoTokenizer.from_pretrained(self.path)
 
 
-def inspect(path: str | Path) -> Pretrained:
+def open_pretrained(path: str | Path) -> Pretrained:
     """Check an --init-from folder without loading weights; every problem is one PiconeoxError line."""
     from tokenizers import Tokenizer
     from transformers import GPTNeoXConfig
