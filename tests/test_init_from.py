@@ -69,10 +69,12 @@ def test_fine_tuning_starts_at_the_source_models_loss(tmp_path, pythia_like):
     assert "not the preset's model section" in log
 
 
-def test_our_own_final_continues_on_its_original_data(tmp_path, trained, tiny_data):
-    """save_pretrained rewrites tokenizer.json; the run_config's dataset hash still identifies the data."""
+@pytest.mark.parametrize("folder", ["final", "step-00000040"])
+def test_our_own_checkpoint_continues_on_its_original_data(tmp_path, trained, tiny_data, folder):
+    """final/ (consolidated) or a sharded step folder; save_pretrained rewrote tokenizer.json, so the data is
+    recognised by the dataset hash in run_config.json."""
     expected = loss_on_first_batch(trained / "final", tiny_data)
-    code, losses, _ = run(tmp_path, tiny_data, "--max-steps", "1", "--init-from", str(trained / "final"))
+    code, losses, _ = run(tmp_path, tiny_data, "--max-steps", "1", "--init-from", str(trained / folder))
     assert code == 0 and losses[0] == pytest.approx(expected, abs=1e-4)
 
 
@@ -84,6 +86,8 @@ def bad_folder(kind, pythia_like, tmp_path):
         config["model_type"] = "llama"
     if kind == "small-vocab":
         config["vocab_size"] = 100
+    if kind == "other-activation":
+        config["hidden_act"] = "relu"
     (folder / "config.json").write_text(json.dumps(config))
     if kind == "no-tokenizer":
         (folder / "tokenizer.json").unlink()
@@ -96,6 +100,7 @@ def bad_folder(kind, pythia_like, tmp_path):
     ("missing", "no such folder"),
     ("llama", "model_type 'llama' is not GPT-NeoX"),
     ("small-vocab", "vocab mismatch: the tokenizer has 256 ids but the model's embedding has 100 rows"),
+    ("other-activation", "config.json has hidden_act='relu'; piconeox's GPT-NeoX needs 'gelu'"),
     ("no-tokenizer", "no tokenizer.json; the checkpoint's tokenizer must be next to its weights"),
     ("no-weights", "no weights; expected one of model.safetensors"),
     ("other-data", "was tokenized with another tokenizer"),

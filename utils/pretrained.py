@@ -1,7 +1,7 @@
 """--init-from: start a run from a local GPT-NeoX checkpoint in Hugging Face format.
 
 A Pythia model a user downloaded (config.json, model.safetensors or pytorch_model.bin, tokenizer.json)
-or one of our own best/, final/ or step folders. The run takes the weights, the tokenizer and the model
+or one of our own best/, final/ or (sharded) step folders. The run takes the weights, the tokenizer and the model
 shape from it; the optimizer starts fresh. The training data must be tokenized with the same tokenizer
 (`prepare_data.py --tokenizer-from PATH` copies it byte for byte, so the dataset's manifest records the
 same sha256).
@@ -16,7 +16,11 @@ from configs.model import ModelConfig
 from utils.errors import PiconeoxError
 from utils.tokenizers import TOKENIZER_FILE, file_sha256
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+                ".metadata")  # the last: our sharded step folders (torch.distributed.checkpoint)
+# GPT-NeoX settings a piconeox ModelConfig does not carry: a checkpoint must have these values, or a resumed
+# run (which rebuilds the model from the ModelConfig) would differ from the model it started from.
+FIXED_SETTINGS = {"hidden_act": "gelu", "attention_bias": True}
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,13 @@ class Pretrained:
         import torch
         from transformers import GPTNeoXForCausalLM
 
+        from utils import checkpoint as ckpt
+        from utils.consolidate import load_model
+
+        if (self.path / ckpt.DCP_INDEX).is_file():  # one of our step folders: consolidate its shards (crc-checked)
+            model = load_model(self.path).train()
+            model.config.use_cache = False
+            return model
         try:
             model, info = GPTNeoXForCausalLM.from_pretrained(self.path, dtype=torch.float32, attn_implementation="sdpa",
                                                              output_loading_info=True)
@@ -93,7 +104,12 @@ def open_pretrained(path: str | Path) -> Pretrained:
         tokenizer_vocab = Tokenizer.from_file(str(tokenizer_file)).get_vocab_size()
     except Exception as e:  # tokenizers raises a bare Exception on a bad file
         raise PiconeoxError(f"--init-from {path}: {TOKENIZER_FILE} is not readable ({e})") from None
-    model = ModelConfig.from_hf(GPTNeoXConfig.from_pretrained(path))
+    hf = GPTNeoXConfig.from_pretrained(path)
+    for key, value in FIXED_SETTINGS.items():
+        if getattr(hf, key, value) != value:
+            raise PiconeoxError(f"--init-from {path}: config.json has {key}={getattr(hf, key)!r}; piconeox's GPT-NeoX "
+                                f"needs {value!r} (as Pythia has)")
+    model = ModelConfig.from_hf(hf)
     if tokenizer_vocab > model.vocab_size:
         raise PiconeoxError(f"--init-from {path}: vocab mismatch: the tokenizer has {tokenizer_vocab} ids but the "
                             f"model's embedding has {model.vocab_size} rows")
