@@ -25,9 +25,12 @@ def run_dir(tmp_path_factory, tiny_data):
 
 
 def load(folder):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Weights and tokenizer of any of our checkpoints (a step folder is sharded: utils.consolidate reads it)."""
+    from transformers import AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    from utils.consolidate import load_model
+
+    return load_model(folder).eval(), AutoTokenizer.from_pretrained(folder)
 
 
 @torch.no_grad()
