@@ -28,8 +28,8 @@ from tqdm import tqdm
 from utils.documents import DECODE_ERRORS, INPUT_HELP, Source, TextFile, resolve_inputs
 from utils.errors import PiconeoxError
 from utils.shards import MANIFEST_FILE, SPLITS, Manifest, ShardWriter, read_manifest, token_dtype, write_manifest
-from utils.tokenizers import (KINDS, TOKENIZER_FILE, build_tokenizer, check_vocab_size, encode_batches,
-                              file_sha256, missing_chars, save_tokenizer, tokenizer_kind)
+from utils.tokenizers import (KINDS, TOKENIZER_FILE, build_tokenizer, check_vocab_size, checkpoint_tokenizer,
+                              encode_batches, file_sha256, missing_chars, save_tokenizer, tokenizer_kind)
 
 DEFAULT_SHARD_TOKENS = 50_000_000  # 100 MB per uint16 shard
 BATCH_CHARS = 1 << 18  # text per encode task: big enough to amortise the hop to a worker, small enough to balance
@@ -165,6 +165,18 @@ def _tokenizer(data_dir: Path, staging: Path, kind: str, vocab_size: int | None,
     return tok, save_tokenizer(tok, staging / TOKENIZER_FILE)
 
 
+def _tokenizer_from(data_dir: Path, staging: Path, source: str, retrain: bool) -> tuple[Tokenizer, str]:
+    """A byte-for-byte copy of a checkpoint's tokenizer.json, so the manifest records the checkpoint's sha256."""
+    tok, path = checkpoint_tokenizer(source)
+    sha = file_sha256(path)
+    existing = data_dir / TOKENIZER_FILE
+    if existing.is_file() and not retrain and file_sha256(existing) != sha:
+        raise PiconeoxError(f"{data_dir} holds another tokenizer than {path}: pass --retrain-tokenizer to replace "
+                            "it, or choose another --name")
+    shutil.copyfile(path, staging / TOKENIZER_FILE)
+    return tok, sha
+
+
 def _commit(staging: Path, data_dir: Path, manifest: Manifest) -> None:
     """Move the staged files into data_dir, drop shards of an older run, and write the manifest last."""
     (data_dir / MANIFEST_FILE).unlink(missing_ok=True)  # the folder stops counting as a dataset meanwhile
@@ -206,12 +218,13 @@ def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", t
             vocab_size: int | None = None, shard_tokens: int = DEFAULT_SHARD_TOKENS,
             dataset_percent: float = 100.0, val_fraction: float | None = None, seed: int = 0,
             retrain_tokenizer: bool = False, workers: int | None = None, errors: str = "strict",
-            val: list[str] = (), val_split: str = "documents") -> Path:
+            val: list[str] = (), val_split: str = "documents", tokenizer_from: str | None = None) -> Path:
     """Build data/<name>/ from `inputs`; returns its path. Raises PiconeoxError on bad input.
 
     Val text: the documents of `val` (all of them, and all of `inputs` go to train), else the last
     `val_fraction` of the characters (`val_split="tail"`), else that fraction of the documents by seed.
     `val_fraction` None means 0.1, or 0 when `val` is given.
+    `tokenizer_from` (a checkpoint folder) replaces `tokenizer`/`vocab_size` with that checkpoint's tokenizer.
     """
     if workers is None:
         workers = os.cpu_count() or 1
@@ -238,8 +251,11 @@ def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", t
     shutil.rmtree(staging, ignore_errors=True)  # left over from a killed run
     staging.mkdir(parents=True)
     try:
-        texts = _texts(sources + val_sources, all_documents(), "read for tokenizer") if tokenizer != "byte" else []
-        tok, tok_sha256 = _tokenizer(data_dir, staging, tokenizer, vocab_size, retrain_tokenizer, texts)
+        if tokenizer_from:
+            tok, tok_sha256 = _tokenizer_from(data_dir, staging, tokenizer_from, retrain_tokenizer)
+        else:
+            texts = _texts(sources + val_sources, all_documents(), "read for tokenizer") if tokenizer != "byte" else []
+            tok, tok_sha256 = _tokenizer(data_dir, staging, tokenizer, vocab_size, retrain_tokenizer, texts)
         dtype = token_dtype(tok.get_vocab_size())
         writers = {split: ShardWriter(staging, split, dtype, shard_tokens) for split in SPLITS}
         documents = dict.fromkeys(SPLITS, 0)
@@ -264,9 +280,10 @@ def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", t
         manifest = Manifest(
             vocab_size=tok.get_vocab_size(), dtype=dtype.name, tokenizer_sha256=tok_sha256,
             shards=shards, source=[s.label for s in sources], documents=documents,
-            options=dict(tokenizer=tokenizer, vocab_size=vocab_size, shard_tokens=shard_tokens,
-                         dataset_percent=dataset_percent, val_fraction=val_fraction, seed=seed, errors=errors,
-                         val=[s.label for s in val_sources], val_split=val_split))
+            options=dict(tokenizer=tokenizer_kind(tok) if tokenizer_from else tokenizer, vocab_size=vocab_size,
+                         shard_tokens=shard_tokens, dataset_percent=dataset_percent, val_fraction=val_fraction,
+                         seed=seed, errors=errors, val=[s.label for s in val_sources], val_split=val_split,
+                         **({"tokenizer_from": tokenizer_from} if tokenizer_from else {})))
         _commit(staging, data_dir, manifest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -298,12 +315,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--val-fraction", type=float,
                    help="fraction for val (0 <= F < 1, default: 0.1, or 0 with --val)")
     p.add_argument("--seed", type=int, default=0, help="fixes which documents are kept and which go to val")
+    p.add_argument("--tokenizer-from", metavar="PATH", help="tokenize with this checkpoint's tokenizer.json "
+                   "(a Pythia folder, or checkpoints/<run>/final) instead of --tokenizer, for train.py --init-from PATH")
     p.add_argument("--retrain-tokenizer", action="store_true", help="replace an existing tokenizer.json")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizer processes (default: all cores)")
     p.add_argument("--errors", choices=DECODE_ERRORS, default="strict",
                    help="undecodable (non UTF-8) bytes: strict stops with file and byte offset, "
                         "replace turns them into U+FFFD")
     args = p.parse_args(argv)
+    if args.tokenizer_from and (args.tokenizer != "byte" or args.vocab_size is not None):
+        p.error("--tokenizer-from replaces --tokenizer and --vocab-size: give one or the other")
     if args.name is None:
         if args.inputs != ["demo"]:
             p.error("--name is required unless the input is demo")
@@ -317,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data_dir = prepare(args.inputs, args.name, args.out_dir, args.tokenizer, args.vocab_size,
                            args.shard_tokens, args.dataset_percent, args.val_fraction, args.seed,
-                           args.retrain_tokenizer, args.workers, args.errors, args.val, args.val_split)
+                           args.retrain_tokenizer, args.workers, args.errors, args.val, args.val_split,
+                           args.tokenizer_from)
     except PiconeoxError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

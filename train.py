@@ -43,6 +43,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--collective-timeout-minutes", type=float, default=60.0, metavar="M",
                    help="how long a rank waits for the others in a collective before the run fails (default 60: "
                         "covers a resume download or a synchronous save of the 1.2B preset)")
+    p.add_argument("--init-from", metavar="PATH", help="start from a local GPT-NeoX checkpoint in Hugging Face format (a "
+                   "downloaded Pythia, or checkpoints/<run>/final): its weights, tokenizer and model shape; fresh optimizer")
+    p.add_argument("--report-to", default="tensorboard", metavar="T1,T2", help="trackers for every logged value: "
+                   "tensorboard (default), wandb, mlflow, ... (accelerate's), comma-separated, or none")
     p.add_argument("--sample-prompt", default="Once upon a time", help="prompt for the text sample printed at the end")
     # Shortcuts for the most used train.* settings (same as --set train.KEY=VALUE).
     for flag, key in SHORTCUTS.items():
@@ -133,14 +137,39 @@ def prepare_data_dir(train_cfg, accelerator) -> Path:
         return ensure_local(train_cfg.data, Path("data") / "gcs-cache")
 
 
-def preflight(args, cfg) -> None:
-    """The checks that need no GPU, no data loading and no network: settings, --data and --resume."""
+def with_init_from(args, cfg):
+    """(cfg, checked --init-from checkpoint or None): the checkpoint's model shape replaces the preset's."""
+    if not args.init_from:
+        return cfg, None
+    from configs.presets import RunConfig
+    from utils.pretrained import open_pretrained
+
+    pretrained = open_pretrained(args.init_from)
+    return RunConfig(cfg.preset, pretrained.model, cfg.train).validate(), pretrained
+
+
+def build_initial_model(cfg, resume_from: Path | None, pretrained, shapes_only: bool = False):
+    """--init-from's weights, else a random init (a resume loads its weights after prepare(), each rank its shard).
+
+    shapes_only: this rank's weights come from rank 0 in prepare() (see weights_come_from_rank0)."""
+    from configs.model import build_model
+
+    if pretrained and not resume_from and not shapes_only:
+        return pretrained.load_model()
+    return build_model(cfg.model, shapes_only=shapes_only)
+
+
+def preflight(args, cfg, pretrained) -> None:
+    """The checks that need no GPU, no data loading and no network: settings, --data, --init-from and --resume."""
     from utils import checkpoint as ckpt
     from utils.distributed import check_timeout
     from utils.preemption import StopRequest
+    from utils.shards import read_manifest
     from utils.uploader import CheckpointUploader
 
-    check_data_arg(cfg.train)
+    local_data = check_data_arg(cfg.train)
+    if pretrained and local_data:
+        pretrained.check_dataset(local_data, read_manifest(local_data).tokenizer_sha256)
     check_timeout(args.collective_timeout_minutes)
     StopRequest(args.grace_seconds)  # validates the grace period
     CheckpointUploader.check_settings(bool(args.checkpoint_bucket), cfg.train.keep_last, args.max_upload_failures)
@@ -264,10 +293,12 @@ def find_micro_batch(model, seq_len: int, accelerator, start: int = 256) -> int:
 def train(args, cleanup: contextlib.ExitStack) -> int:
     """The run; `cleanup` closes the checkpoint uploader (a flush) and the signal handlers on every exit path."""
     from configs.presets import resolve_config
+    from utils.trackers import parse_report_to
 
-    cfg = resolve_config(args.config, args.config_file, overrides_from_args(args))
+    cfg, pretrained = with_init_from(args, resolve_config(args.config, args.config_file, overrides_from_args(args)))
+    report_to = parse_report_to(args.report_to)
     if args.preflight:
-        preflight(args, cfg)
+        preflight(args, cfg, pretrained)
         return 0
     if args.print_plan:
         from utils.plan import format_plan, plan
@@ -279,7 +310,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     import transformers
     from accelerate.utils import set_seed
 
-    from configs.model import build_model, count_parameters
+    from configs.model import count_parameters
     from configs.presets import RunConfig
     from utils import checkpoint as ckpt
     from utils.distributed import describe, group_timeout, make_accelerator
@@ -301,7 +332,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
 
     # Data first: it decides the vocabulary.
     data_dir = prepare_data_dir(tc, accelerator)
-    tokenizer = load_tokenizer(data_dir)
+    tokenizer = pretrained.load_tokenizer() if pretrained else load_tokenizer(data_dir)
     rank, world = accelerator.process_index, accelerator.num_processes
 
     def make_loaders(micro_batch: int):
@@ -317,7 +348,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
     log = setup_logging(log_dir / "training.log", is_main)
-    metrics = MetricsWriter(log_dir, is_main)
+    metrics = MetricsWriter(log_dir, is_main, report_to)
+    cleanup.callback(metrics.close)  # on every exit path: flush TensorBoard, finish the W&B run
 
     # Each storage call gives up within one grace period, so a dead bucket cannot hold a clean stop for long.
     stop = StopRequest(args.grace_seconds)
@@ -336,10 +368,13 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
                               args.grace_seconds, log)
     resumed = ckpt.load_common(resume_from, rank) if resume_from else None
     tokenizer_sha256 = check_resumable(resumed, resume_from, cfg, data_dir)
+    if pretrained:
+        pretrained.check_dataset(data_dir, tokenizer_sha256)
+        log.info(f"--init-from {pretrained.path}: model shape from its config.json ({pretrained.describe()}), not the "
+                 f"preset's model section" + ("" if resume_from else "; its weights and tokenizer, a fresh optimizer"))
 
     # A resume loads its weights after prepare(), each rank only its shard.
-    shapes_only = weights_come_from_rank0(accelerator)
-    model = build_model(cfg.model, shapes_only=shapes_only)
+    model = build_initial_model(cfg, resume_from, pretrained, shapes_only=weights_come_from_rank0(accelerator))
     if use_activation_checkpointing(cfg, accelerator, cuda):
         model.activation_checkpointing_enable()
         log.info("activation checkpointing on: each layer's activations are recomputed in the backward pass")
@@ -383,6 +418,9 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         raise PiconeoxError(f"--max-steps {tc.max_steps}: the resumed run is already at step {state.step}; raise --max-steps")
 
     saved_step = state.step  # the step of the newest full checkpoint handed to the uploader
+    run_config = {**cfg.to_dict(), "data_tokenizer_sha256": tokenizer_sha256, "init_from": args.init_from}
+    metrics.start(state.step, {**run_config, "run": {"name": run, "data_dir": str(data_dir), "parameters": n_params,
+                                                     "world_size": world, "device": accelerator.device.type}})
 
     def save(folder: Path, weights_only: bool = False) -> None:
         """Only the copy of this rank's shard off the device blocks; the uploader threads write, upload, rotate."""
@@ -394,7 +432,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         start = time.monotonic()
         snap = ckpt.capture(state.step, accelerator.unwrap_model(model, keep_torch_compile=False), optimizer.optimizer,
                             scheduler, accelerator.scaler, train_loader, state, metrics,
-                            {**cfg.to_dict(), "data_tokenizer_sha256": tokenizer_sha256}, tokenizer,
+                            run_config, tokenizer,
                             rank=rank, world_size=world, weights_only=weights_only)
         log.debug(f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
         if is_main or not weights_only:  # best/: the weights were gathered onto rank 0 only
@@ -495,17 +533,20 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     last = run_dir / ckpt.step_dir_name(state.step)
     if saved_step != state.step:  # breaks (early stop, signal) can come before a due save
         save(last)
+    sample = None
     if not stop.stopping:  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
-        log_sample(accelerator.unwrap_model(model, keep_torch_compile=False), tokenizer, args.sample_prompt, tc.seed, log)
+        sample = log_sample(accelerator.unwrap_model(model, keep_torch_compile=False), tokenizer, args.sample_prompt, tc.seed, log)
     uploader.close(timeout=stop.remaining())  # every rank's saver; no limit unless stopping on a signal
     check_uploads()
     if is_main:
         publish_final(last, run_dir / "final", consolidate=not stop.stopping, log=log)
         metrics.save_history(log_dir / "history.json")
         metrics.plot(log_dir / "loss.png")
-        metrics.close()
         log.info(f"stopped at step {state.step}: {stop_reason}; best val loss {state.best_val_loss:.4f}")
         log.info(f"checkpoints in {run_dir}, logs in {log_dir} (tensorboard --logdir {args.log_dir})")
+        if sample is not None:
+            metrics.text(state.step, "sample", sample)
+        metrics.close()
     accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     accelerator.end_training()
     if uploader.fatal:
@@ -513,7 +554,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     return 0
 
 
-def log_sample(model, tokenizer, prompt: str, seed: int, log) -> None:
+def log_sample(model, tokenizer, prompt: str, seed: int, log) -> str:
     """Every rank samples: under FSDP each forward all-gathers the shards, so rank 0 alone would hang.
 
     The same seed and the same gathered weights give every rank the same 200 forwards; rank 0 logs.
@@ -522,6 +563,7 @@ def log_sample(model, tokenizer, prompt: str, seed: int, log) -> None:
 
     text = sample_text(model, tokenizer, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=seed)
     log.info("sample:\n" + text)
+    return text
 
 
 class TrainingDiverged(PiconeoxError):

@@ -78,6 +78,19 @@ class ModelConfig(ConfigBase):
             )
         return self
 
+    @classmethod
+    def from_hf(cls, hf) -> "ModelConfig":
+        """The shape of a transformers `GPTNeoXConfig` (e.g. a Pythia checkpoint's), validated."""
+        rope = hf.rope_parameters or {}
+        return cls(
+            hidden_size=hf.hidden_size, num_layers=hf.num_hidden_layers, num_heads=hf.num_attention_heads,
+            intermediate_size=hf.intermediate_size, max_position_embeddings=hf.max_position_embeddings,
+            vocab_size=hf.vocab_size, rotary_pct=float(rope.get("partial_rotary_factor", 1.0)),
+            rotary_base=float(rope.get("rope_theta", 10000.0)), use_parallel_residual=hf.use_parallel_residual,
+            tie_word_embeddings=bool(hf.tie_word_embeddings), layer_norm_eps=hf.layer_norm_eps,
+            dropout=float(hf.hidden_dropout), vocab_multiple=1,
+        ).validate()
+
     def to_hf(self):
         """A fresh `GPTNeoXConfig` (transformers mutates the one a model is built from)."""
         from transformers import GPTNeoXConfig

@@ -40,3 +40,12 @@ def tiny_data(tmp_path_factory) -> Path:
 def pytest_configure(config):
     # Single-process runs save and load DCP checkpoints without a process group on purpose.
     config.addinivalue_line("filterwarnings", "ignore:torch.distributed is disabled, unavailable or uninitialized")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def wandb_offline(tmp_path_factory):
+    """W&B never reaches the network in tests, and writes nothing outside a temp folder."""
+    home = tmp_path_factory.mktemp("wandb")
+    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(home), WANDB_CONFIG_DIR=str(home / "config"),
+                      WANDB_CACHE_DIR=str(home / "cache"), WANDB_DATA_DIR=str(home / "data"))
+    return home

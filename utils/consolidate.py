@@ -68,6 +68,8 @@ def load_model(folder: Path):
             model = GPTNeoXForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
         model.load_state_dict(read_weights(folder), assign=True)
         model.tie_weights()
+        # RoPE's inv_freq is a non-persistent buffer, in no checkpoint: compute it for real, not on meta
+        model.gpt_neox.rotary_emb = type(model.gpt_neox.rotary_emb)(config=model.config)
         return model.eval()
     except (SafetensorError, OSError, RuntimeError, ValueError) as e:
         raise PiconeoxError(f"{folder}: cannot load the model: {str(e).splitlines()[0][:300]}") from e

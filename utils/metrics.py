@@ -1,4 +1,4 @@
-"""What a run reports: log file, TensorBoard scalars, history.json, loss plot, progress bar, FLOPs/MFU, GPU stats.
+"""What a run reports: log file, tracker scalars (TensorBoard, W&B, ...), history.json, loss plot, progress bar, FLOPs/MFU, GPU stats.
 
 Only the main process writes anything; on other ranks every writer is a no-op, so the training loop can
 call them unconditionally.
@@ -10,9 +10,11 @@ import re
 import sys
 from pathlib import Path
 
+import yaml
 from tqdm.auto import tqdm
 
 from utils.atomic import atomic_write, atomic_write_json
+from utils.trackers import DEFAULT_REPORT_TO, make_tracker, markdown_block, start_tracker
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
@@ -54,33 +56,60 @@ def setup_logging(log_file: Path, is_main: bool) -> logging.Logger:
 
 
 class MetricsWriter:
-    """TensorBoard scalars plus an in-memory history that becomes history.json and a loss plot.
+    """Every scalar and text of a run goes through here: to each tracker (--report-to; TensorBoard by default,
+    W&B, ... see utils/trackers.py) and into an in-memory history that becomes history.json and a loss plot.
 
-    The history is progress: `state_dict()` goes into checkpoints, and after `load_state_dict()` the
-    TensorBoard writer purges events past the restored history (those of the interrupted run).
+    The history is progress: `state_dict()` goes into checkpoints (with the W&B run id), and after
+    `load_state_dict()` TensorBoard purges events past the restored history (those of the interrupted run)
+    and W&B continues the same run.
     """
 
-    def __init__(self, log_dir: Path, is_main: bool):
+    def __init__(self, log_dir: Path, is_main: bool, report_to: tuple[str, ...] = (DEFAULT_REPORT_TO,)):
         self.log_dir = Path(log_dir)
         self.is_main = is_main
+        self.report_to = tuple(report_to)
         self.history: list[dict[str, float]] = []
-        self._tb = None  # created on first write so a resume can set purge_step first
+        self.trackers: list = []  # started by start() or the first write, after a resume has set what they continue
+        self._started = False
         self._purge_step: int | None = None
+        self._run_ids: dict[str, str] = {}
+
+    def start(self, step: int = 0, config: dict | None = None) -> None:
+        """Start the trackers; the resolved config becomes their hparams and a `config` text panel."""
+        if not self.is_main or self._started:
+            return
+        from accelerate import PartialState
+
+        PartialState()  # accelerate's trackers log through its state; a no-op inside a run (Accelerator made it)
+        self._started = True
+        for name in self.report_to:
+            tracker = make_tracker(name, self.log_dir, self._purge_step, self._run_ids.get(name))
+            run_id = start_tracker(tracker, config or {})
+            self.trackers.append(tracker)
+            if run_id:
+                self._run_ids[name] = run_id
+        if config:
+            self.text(step, "config", yaml.safe_dump(config, sort_keys=False))
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
-        """Record `values` at `step`; None means "not measured" and is skipped."""
+        """Record `values` at `step` in every tracker and the history; None means "not measured" and is skipped."""
         if not self.is_main:
             return
         kept = {k: float(v) for k, v in values.items() if v is not None}
         if not kept:
             return
-        if self._tb is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(self.log_dir), purge_step=self._purge_step)
-        for key, value in kept.items():
-            self._tb.add_scalar(key, value, step)
+        self.start()
+        for tracker in self.trackers:
+            tracker.log(kept, step=step)
         self.history.append({"step": int(step), **kept})
+
+    def text(self, step: int, key: str, text: str) -> None:
+        """A text panel (shown verbatim) in every tracker: the resolved config, the final sample."""
+        if not self.is_main:
+            return
+        self.start()
+        for tracker in self.trackers:
+            tracker.log({key: markdown_block(text)}, step=step)
 
     def save_history(self, path: Path) -> None:
         """Write the history as JSON (a list of {"step": ..., "<key>": value}) atomically."""
@@ -111,17 +140,19 @@ class MetricsWriter:
             fig.savefig(f, format="png")
 
     def state_dict(self) -> dict:
-        return {"history": [dict(h) for h in self.history]}
+        return {"history": [dict(h) for h in self.history], "tracker_run_ids": dict(self._run_ids)}
 
     def load_state_dict(self, state: dict) -> None:
         self.history = [dict(h) for h in state["history"]]
+        self._run_ids = dict(state.get("tracker_run_ids", {}))  # checkpoints from before trackers lack it
         if self.history:
             self._purge_step = self.history[-1]["step"] + 1
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        """Finish every tracker (flushes TensorBoard, closes the W&B run)."""
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
 
 
 class ProgressBar:

@@ -133,6 +133,26 @@ def file_sha256(path: str | os.PathLike) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def checkpoint_tokenizer(source: str | os.PathLike) -> tuple[Tokenizer, Path]:
+    """The tokenizer.json of a checkpoint folder (or the file itself) for `prepare_data.py --tokenizer-from`.
+
+    It must have the EOT token `<|endoftext|>`: the token stream separates documents with it (GPT-NeoX's and
+    Pythia's tokenizers have it).
+    """
+    path = Path(source)
+    path = path / TOKENIZER_FILE if path.is_dir() else path
+    if not path.is_file():
+        raise PiconeoxError(f"--tokenizer-from {source}: no {TOKENIZER_FILE} there (give a checkpoint folder "
+                            f"holding one, or the file)")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+        raise PiconeoxError(f"--tokenizer-from {source}: {path} is not a readable tokenizer ({e})") from None
+    if tok.token_to_id(EOT) is None:
+        raise PiconeoxError(f"--tokenizer-from {source}: the tokenizer has no {EOT} token to separate documents with")
+    return tok, path
+
+
 def load_tokenizer(data_dir: str | os.PathLike):
     """The dataset's tokenizer.json as a transformers PreTrainedTokenizerFast with eos and pad = EOT."""
     from transformers import PreTrainedTokenizerFast  # heavy import, only for callers that need it

@@ -1,0 +1,84 @@
+"""Experiment trackers for --report-to: accelerate's tracker classes (TensorBoard by default, W&B, MLflow, ...).
+
+`MetricsWriter` (utils/metrics.py) is the one place every scalar and text of a run goes through; it hands
+each of them to every tracker made here, so no tracker gets a subset.
+
+W&B without network: `WANDB_MODE=offline` writes the run under logs/<run>/wandb/ (or `WANDB_DIR`), and
+`wandb sync logs/<run>/wandb/offline-run-*` uploads it later. `WANDB_PROJECT` names the project (default
+piconeox); the W&B run is named after the piconeox run, and a resumed run continues the same W&B run.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from utils.errors import PiconeoxError
+
+DEFAULT_REPORT_TO = "tensorboard"
+
+
+def tracker_names() -> list[str]:
+    """Every tracker accelerate knows (installed or not)."""
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+    return sorted(LOGGER_TYPE_TO_CLASS)
+
+
+def parse_report_to(value: str) -> tuple[str, ...]:
+    """`tensorboard,wandb` -> ("tensorboard", "wandb"); `none` -> (). Unknown or uninstalled trackers: one line."""
+    from accelerate.tracking import get_available_trackers
+
+    names = tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
+    if names == ("none",):
+        return ()
+    known, installed = tracker_names(), {str(t) for t in get_available_trackers()}
+    for name in names:
+        if name not in known:
+            raise PiconeoxError(f"--report-to {name!r}: allowed {', '.join(known)} (comma-separated), or none")
+        if name not in installed:
+            raise PiconeoxError(f"--report-to {name}: its package is not installed (pip install {name.replace('_', '-')})")
+    if not names:
+        raise PiconeoxError(f"--report-to {value!r}: name at least one of {', '.join(known)}, or none")
+    return names
+
+
+def make_tracker(name: str, log_dir: Path, purge_step: int | None, run_id: str | None):
+    """An unstarted accelerate tracker writing the run whose logs live in `log_dir` (logs/<run>)."""
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, TensorBoardTracker, WandBTracker
+
+    run = log_dir.name
+    if name == "tensorboard":  # events straight into logs/<run>/; a resume drops the interrupted run's tail
+        return TensorBoardTracker(run, log_dir.parent, purge_step=purge_step)
+    if name == "wandb":
+        return WandBTracker(os.environ.get("WANDB_PROJECT", "piconeox"), name=run, id=run_id, resume="allow",
+                            dir=os.environ.get("WANDB_DIR") or str(log_dir))
+    cls = LOGGER_TYPE_TO_CLASS[name]
+    return cls(run, log_dir.parent) if cls.requires_logging_directory else cls(run)
+
+
+def start_tracker(tracker, config: dict) -> str | None:
+    """Start `tracker` and store the flattened run config; returns the run id to resume with (W&B), if any."""
+    try:
+        tracker.start()
+        tracker.store_init_configuration(flat_config(config))
+    except Exception as e:  # a tracker's own setup problem (no W&B login, a bad URI): the user fixes it
+        hint = ("; log in with `wandb login` or WANDB_API_KEY, or set WANDB_MODE=offline and upload later with "
+                "`wandb sync`" if tracker.name == "wandb" else "")
+        raise PiconeoxError(f"--report-to {tracker.name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}{hint}") from None
+    return getattr(tracker.tracker, "id", None) if tracker.name == "wandb" else None
+
+
+def flat_config(config: dict, prefix: str = "") -> dict:
+    """{"model": {"hidden_size": 8}} -> {"model.hidden_size": 8}; values a tracker's hparams accept (None -> "none")."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flat_config(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = "none" if value is None else value if isinstance(value, (bool, int, float, str)) else str(value)
+    return out
+
+
+def markdown_block(text: str) -> str:
+    """Text shown verbatim in TensorBoard's markdown text panel: an indented code block."""
+    return "\n".join("    " + line for line in text.splitlines())
