@@ -25,6 +25,7 @@ from typing import Iterable, Iterator, Optional
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from utils.atomic import check_writable_dir
 from utils.documents import DECODE_ERRORS, INPUT_HELP, Source, TextFile, resolve_inputs
 from utils.errors import PiconeoxError
 from utils.shards import MANIFEST_FILE, SPLITS, Manifest, ShardWriter, read_manifest, token_dtype, write_manifest
@@ -234,6 +235,7 @@ def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", t
         return _documents(sources, val_sources, selection, val_split)
 
     data_dir = Path(out_dir) / name
+    check_writable_dir(data_dir, "--out-dir")
     staging = data_dir / STAGING
     shutil.rmtree(staging, ignore_errors=True)  # left over from a killed run
     staging.mkdir(parents=True)
@@ -320,6 +322,13 @@ def main(argv: list[str] | None = None) -> int:
                            args.retrain_tokenizer, args.workers, args.errors, args.val, args.val_split)
     except PiconeoxError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"error: interrupted; {Path(args.out_dir) / args.name} is as it was before", file=sys.stderr)
+        return 130
+    except OSError as e:  # e.g. the disk filled up: the previous dataset is still intact
+        print(f"error: {e.filename or args.out_dir}: {e.strerror}; {Path(args.out_dir) / args.name} is as it was before",
+              file=sys.stderr)
         return 2
     m = read_manifest(data_dir)
     splits = ", ".join(f"{s} {m.split_tokens(s):,} tokens in {len(m.split_shards(s))} shards "
