@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 
 from utils.atomic import check_writable_dir
-from utils.errors import PiconeoxError
+from utils.errors import CliParser, PiconeoxError
 from utils.storage import open_storage
 from utils.sync import SyncSummary, download_tree, upload_tree
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         description=__doc__,
         epilog="credentials: --credentials FILE, else GOOGLE_APPLICATION_CREDENTIALS, else application default\n"
         "credentials (gcloud auth application-default login); see credentials/README.md.\n"

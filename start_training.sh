@@ -42,9 +42,9 @@ EOF
 
 die() { echo "error: $*" >&2; exit 2; }
 
-# A non-negative integer, or die naming the flag.
+# A non-negative integer small enough for shell arithmetic, or die naming the flag.
 need_int() {
-  [[ "$2" =~ ^[0-9]+$ ]] || die "$1 '$2' is not a whole number >= 0"
+  [[ "$2" =~ ^[0-9]{1,9}$ ]] || die "$1 '$2' is not a whole number from 0 to 999999999"
 }
 
 ROOT=$(dirname "$0")

@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from utils.atomic import check_writable_dir
-from utils.errors import PiconeoxError
+from utils.errors import CliParser, PiconeoxError
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="test", help="preset name (rp2040-speed, rp2040-optimized, rp2040-quality, test, small, production, shakespeare-char)")
     p.add_argument("--config-file", help="YAML file with `model:` and/or `train:` sections overriding the preset")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override any setting, e.g. --set model.num_layers=6 (repeatable)")
@@ -105,6 +105,9 @@ def check_data_arg(train_cfg) -> Path | None:
     if data == "demo" or data.startswith("gs://"):
         return None
     out = Path(data)
+    if out.is_file():  # a text file: it needs preparing first
+        raise PiconeoxError(f"--data {data} is a file; prepare it first with `python prepare_data.py {data} --name {out.stem} "
+                            f"--tokenizer {train_cfg.tokenizer}`, then pass --data data/{out.stem}")
     if not out.is_dir():
         raise PiconeoxError(f"--data {data}: no such directory; prepare it with `python prepare_data.py TEXT_FILES "
                             f"--out-dir {out.parent} --name {out.name} --tokenizer {train_cfg.tokenizer}`, or use --data demo")
@@ -147,8 +150,12 @@ def check_new_run(args, run_dir: Path, log_dir: Path) -> None:
 
 def prepare_data_dir(train_cfg, accelerator) -> Path:
     """The local dataset directory: `demo` is prepared on first use, gs:// is synced; one process per machine first."""
+    from utils.shards import verify_dataset
+
     local = check_data_arg(train_cfg)
     if local is not None:
+        with accelerator.local_main_process_first():  # on first use the shards' crc32c are hashed once per machine
+            verify_dataset(local)
         return local
     if train_cfg.data == "demo":
         out = Path("data") / data_name(train_cfg)
@@ -166,13 +173,15 @@ def prepare_data_dir(train_cfg, accelerator) -> Path:
 
 
 def preflight(args, cfg) -> None:
-    """The checks that need no GPU, no data loading and no network: settings, --data and --resume."""
+    """The checks that need no GPU and no network: settings, output folders, --data (verified) and --resume."""
     from utils import checkpoint as ckpt
     from utils.distributed import check_timeout
     from utils.preemption import StopRequest
+    from utils.shards import verify_dataset
     from utils.uploader import CheckpointUploader
 
-    check_data_arg(cfg.train)
+    if (local := check_data_arg(cfg.train)) is not None:
+        verify_dataset(local)  # hashes the shards on first use; the launched run then finds them cached
     check_timeout(args.collective_timeout_minutes)
     check_new_run(args, *run_dirs(args, cfg)[1:])
     StopRequest(args.grace_seconds)  # validates the grace period

@@ -79,4 +79,9 @@ class TrainConfig(ConfigBase):
             raise PiconeoxError(f"train.activation_checkpointing={self.activation_checkpointing!r}: allowed {', '.join(ON_OFF_AUTO)}")
         if self.tokenizer not in TOKENIZERS:
             raise PiconeoxError(f"train.tokenizer={self.tokenizer!r}: allowed {', '.join(TOKENIZERS)}")
+        if self.tokenizer == "bpe" and self.tokenizer_vocab is not None:
+            self.check_ints(("tokenizer_vocab",), 257)
+        elif self.tokenizer_vocab not in (None, 256 if self.tokenizer == "byte" else None):
+            raise PiconeoxError(f"train.tokenizer_vocab={self.tokenizer_vocab!r}: only for tokenizer bpe "
+                                f"(this run's {self.tokenizer} tokenizer sizes itself; set it to null)")
         return self

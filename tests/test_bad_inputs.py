@@ -5,8 +5,12 @@ so a table of cases costs one interpreter start, not one each; the shell CLIs ru
 """
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -51,10 +55,39 @@ def binary_file(path):
     return str(path)
 
 
-def test_python_clis_refuse_bad_values_with_one_line(tmp_path):
+def test_python_clis_refuse_bad_values_with_one_line(tmp_path, tiny_data):
     png = binary_file(tmp_path / "image.png")
     (tmp_path / "sections.yaml").write_text("model: 5\n")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    wrong_crc = tmp_path / "wrong-crc"
+    shutil.copytree(tiny_data, wrong_crc)
+    manifest = json.loads((wrong_crc / "manifest.json").read_text())
+    manifest["shards"][0]["crc32c"] ^= 1
+    (wrong_crc / "manifest.json").write_text(json.dumps(manifest))
+    before = {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*")}
     cases = [
+        # item 5: a manifest crc32c that does not match the shard, before the launch and in the run itself
+        ("train", ["--preflight", "--data", str(wrong_crc)], "has crc32c"),
+        ("train", ["--data", str(wrong_crc), "--max-steps", "1"], "has crc32c"),
+        # item 6: output folders that cannot be written (under a file; a place nobody may write, even root)
+        ("prepare_data", ["--out-dir", str(a_file / "sub")], "is a file, not a folder"),
+        ("prepare_data", ["--out-dir", "/proc/piconeox"], "cannot write in /proc"),
+        ("train", ["--preflight", "--output-dir", str(a_file / "ckpt")], "is a file, not a folder"),
+        ("train", ["--preflight", "--log-dir", "/proc/piconeox"], "cannot write in /proc"),
+        ("train", ["--data", str(tiny_data), "--log-dir", str(a_file), "--max-steps", "1"], "is a file, not a folder"),
+        ("download_training_data", ["--source", str(tiny_data), "--dest", str(a_file / "x")], "is a file, not a folder"),
+        ("download_training_data", ["--push", str(tiny_data), "--dest", "/proc/piconeox"], "cannot write in /proc"),
+        ("train", ["--preflight", "--run-name", "../elsewhere"], "--run-name '../elsewhere' is not allowed"),
+        # the sweep past the list: flag mistakes are one line too (not argparse's usage block), a text file as
+        # --data says how to prepare it, a tokenizer vocab the tokenizer cannot have
+        ("train", ["--preflight", "--bogus"], "unrecognized arguments: --bogus"),
+        ("prepare_data", ["--tokenizer", "words"], "invalid choice: 'words'"),
+        ("download_training_data", ["--dest", "x"], "one of the arguments --source --push is required"),
+        ("utils.generate", [], "the following arguments are required: checkpoint"),
+        ("train", ["--preflight", "--data", str(a_file)], "is a file; prepare it first with `python prepare_data.py"),
+        ("train", ["--preflight", "--set", "train.tokenizer_vocab=5"], "train.tokenizer_vocab=5: only for tokenizer bpe"),
+        ("train", ["--preflight", "--config", "small", "--set", "train.tokenizer_vocab=5"], "must be an integer >= 257"),
         # item 10: settings
         ("train", ["--preflight", "--config-file", png], "is not a text (UTF-8 YAML) file"),
         ("train", ["--preflight", "--config-file", str(tmp_path)], "is not a file"),
@@ -75,7 +108,7 @@ def test_python_clis_refuse_bad_values_with_one_line(tmp_path):
     results = run_cli_cases([(m, argv) for m, argv, _ in cases], tmp_path)
     for (module, argv, message), (code, err) in zip(cases, results):
         assert_one_error_line(code, err, message, f"{module} {' '.join(argv)}")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["image.png", "sections.yaml"]  # nothing written
+    assert {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*")} == before  # nothing written or changed
 
 
 @pytest.mark.parametrize("eval_batches", ["0", "x"])
@@ -140,3 +173,60 @@ def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, 
     assert generate.main([str(tmp_path / "ckpt" / "r" / "best"), "--eval-data", str(tiny_data), "--eval-batches", "1",
                           "--batch-size", "1"]) == 0
     assert "perplexity" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tokenizer,extra,copies,busy_when,delay", [
+    # inside the BPE training (Rust, fed from its own thread): Ctrl-C used to wait until all text was read
+    ("bpe", ["--vocab-size", "300", "--retrain-tokenizer"], 40, "read for tokenizer:", 3.0),
+    ("byte", ["--workers", "2"], 40, "tokenize d:", 1.0),  # while the worker pool tokenizes
+])
+def test_ctrl_c_during_prepare_stops_at_once_and_keeps_the_old_dataset(tmp_path, shared_data, tokenizer, extra,
+                                                                       copies, busy_when, delay):
+    from prepare_data import prepare
+
+    old = prepare(["demo"], "d", tmp_path / "data", tokenizer, 300 if tokenizer == "bpe" else None, dataset_percent=5)
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(copies):  # 1.4 MB of real stories each: many seconds of work that Ctrl-C must cut short
+        (src / f"part{i:02d}.txt").symlink_to(shared_data / "tinystories" / "tinystories_10k.txt")
+    proc = subprocess.Popen([sys.executable, str(REPO / "prepare_data.py"), str(src), "--name", "d", "--out-dir",
+                             str(tmp_path / "data"), "--tokenizer", tokenizer, *extra], cwd=tmp_path,
+                            env={k: v for k, v in os.environ.items() if k != "TOKENIZERS_PARALLELISM"},  # as users run it
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    err = bytearray()
+
+    def read_stderr():
+        while chunk := os.read(proc.stderr.fileno(), 4096):
+            err.extend(chunk)
+
+    reader = threading.Thread(target=read_stderr)
+    reader.start()
+    deadline = time.time() + 120
+    while busy_when.encode() not in err and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(delay)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("prepare_data.py still running 5 s after Ctrl-C")
+    reader.join()
+    text = err.decode()
+    assert proc.returncode == 130 and "Traceback" not in text, text[-2000:]
+    assert text.strip().endswith(f"error: interrupted; {old} is as it was before")
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before  # no .staging, nothing changed
+
+
+@pytest.mark.parametrize("script,args,message", [
+    ("start_training.sh", ["--config", "test", "--gpus", "99999999999999999999"], "--gpus '99999999999999999999' is not a whole number"),
+    ("start_training.sh", ["--config", "test", "--gpus", "0", "--", "--bogus"], "unrecognized arguments: --bogus"),
+    ("start_training.sh", ["--config", "test", "--gpus", "0", "--", "--set", "train.beta2=5"], "train.beta2=5.0"),
+    ("setup.sh", ["--bogus"], "unknown option '--bogus'"),
+])
+def test_shell_clis_refuse_bad_values_with_one_line(tmp_path, script, args, message):
+    proc = subprocess.run(["bash", str(REPO / script), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PICONEOX_FAKE_GPUS": "0"})
+    assert_one_error_line(proc.returncode, proc.stderr, message, script)
+    assert len(proc.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 import uuid
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -49,12 +50,15 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 
 def check_writable_dir(path: str | os.PathLike, flag: str) -> None:
     """Refuse, in one line, a folder that could not be created or written (a path under a file, a read-only
-    place); creates nothing, so a check before a long job leaves no empty folders behind."""
+    place). It leaves nothing behind: it creates and removes a folder in the nearest existing ancestor,
+    which also catches what permission bits do not show (read-only mounts, /proc, root squash)."""
     path = Path(path).absolute()
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         raise PiconeoxError(f"{flag} {path}: {existing} is a file, not a folder; choose another path")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise PiconeoxError(f"{flag} {path}: {existing} is not writable; choose another path")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=existing))
+    except OSError as e:
+        raise PiconeoxError(f"{flag} {path}: cannot write in {existing} ({e.strerror}); choose another path") from None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from utils.errors import PiconeoxError
+from utils.errors import CliParser, PiconeoxError
 
 
 @torch.no_grad()
@@ -82,7 +82,7 @@ def evaluate_checkpoint(model, tokenizer, data_dir: str, seq_len: int, batch_siz
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a checkpoint folder: checkpoints/<run>/best, final or step-XXXXXXXX")
     p.add_argument("--prompt", default="Once upon a time")
     p.add_argument("--max-new-tokens", type=int, default=200)
