@@ -144,8 +144,8 @@ def check_new_run(args, run_dir: Path, log_dir: Path) -> None:
         return
     for folder in (run_dir, log_dir):
         if folder.is_dir() and any(folder.iterdir()):
-            raise PiconeoxError(f"{folder} holds an earlier run: pass --resume auto to continue it, "
-                                f"or --run-name NAME to start a new one beside it")
+            raise PiconeoxError(f"{folder} holds an earlier run: pass --resume auto to continue it, or --run-name NAME "
+                                "(after `--` for start_training.sh) to start a new one beside it")
 
 
 def prepare_data_dir(train_cfg, accelerator) -> Path:

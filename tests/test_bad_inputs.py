@@ -173,6 +173,12 @@ def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, 
     assert generate.main([str(tmp_path / "ckpt" / "r" / "best"), "--eval-data", str(tiny_data), "--eval-batches", "1",
                           "--batch-size", "1"]) == 0
     assert "perplexity" in capsys.readouterr().out
+    # a char tokenizer would drop unknown prompt characters silently
+    assert train.main([*TINY, "--data", str(other), "--output-dir", str(tmp_path / "ckpt"), "--log-dir",
+                       str(tmp_path / "logs"), "--run-name", "c", "--max-steps", "1"]) == 0
+    capsys.readouterr()
+    assert generate.main([str(tmp_path / "ckpt" / "c"), "--prompt", "Once upon a time \u2603", "--max-new-tokens", "2"]) == 2
+    assert "has characters this checkpoint's tokenizer does not know ('\u2603')" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("tokenizer,extra,copies,busy_when,delay", [

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from utils.errors import CliParser, PiconeoxError
+from utils.tokenizers import tokenizer_kind
 
 
 @torch.no_grad()
@@ -108,6 +109,10 @@ def main(argv=None) -> int:
                                        args.batch_size, args.eval_batches)
             print(f"val loss {loss:.4f}  perplexity {math.exp(loss):.2f}")
         else:
+            unknown = sorted({c for c in args.prompt if c not in tokenizer.get_vocab()})
+            if unknown and tokenizer_kind(tokenizer.backend_tokenizer) == "char":  # byte and BPE encode any text
+                raise PiconeoxError(f"--prompt {args.prompt!r} has characters this checkpoint's tokenizer does not "
+                                    f"know ({', '.join(map(repr, unknown[:5]))}): they would be dropped silently")
             print(sample_text(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature,
                               args.top_k or None, args.seed))
     except PiconeoxError as e:
