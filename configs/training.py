@@ -63,6 +63,8 @@ class TrainConfig(ConfigBase):
         self.check_ints(("seq_len", "micro_batch_size", "grad_accum_steps", "max_steps", "eval_every", "eval_batches",
                          "save_every", "keep_last", "log_every"), 1)
         self.check_ints(("warmup_steps", "patience", "seed"), 0)
+        if self.seed >= 2**32:  # numpy's seeds end there
+            raise PiconeoxError(f"train.seed={self.seed}: must be below 2**32 = {2**32}")
         self.check_float("learning_rate", lambda v: v > 0, "a number > 0")
         self.check_float("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
         self.check_float("dataset_percent", lambda v: 0 < v <= 100, "in (0, 100]")

@@ -104,6 +104,8 @@ def test_python_clis_refuse_bad_values_with_one_line(tmp_path, tiny_data):
         ("utils.generate", ["missing", "--temperature", "-1"], "--temperature -1.0: must be a number >= 0"),
         ("utils.generate", ["missing", "--top-k", "-5"], "--top-k -5: must be an integer >= 0"),
         ("utils.generate", ["missing", "--max-new-tokens", "0"], "--max-new-tokens 0: must be a positive integer"),
+        ("utils.generate", ["missing", "--seed", str(2**64)], "must be an integer from 0 to 2**63 - 1"),
+        ("train", ["--preflight", "--seed", str(2**32)], f"train.seed={2**32}: must be below 2**32"),
     ]
     results = run_cli_cases([(m, argv) for m, argv, _ in cases], tmp_path)
     for (module, argv, message), (code, err) in zip(cases, results):

@@ -101,6 +101,8 @@ def main(argv=None) -> int:
                 raise PiconeoxError(f"{flag} {value}: must be a positive integer")
         if not (math.isfinite(args.temperature) and args.temperature >= 0):
             raise PiconeoxError(f"--temperature {args.temperature}: must be a number >= 0 (0 = greedy)")
+        if not 0 <= args.seed < 2**63:
+            raise PiconeoxError(f"--seed {args.seed}: must be an integer from 0 to 2**63 - 1")
         if args.top_k < 0:
             raise PiconeoxError(f"--top-k {args.top_k}: must be an integer >= 0 (0 = no top-k filtering)")
         model, tokenizer = load_checkpoint_model(args.checkpoint)
