@@ -16,13 +16,14 @@ import logging
 import sys
 from pathlib import Path
 
-from utils.errors import PiconeoxError
+from utils.atomic import check_writable_dir
+from utils.errors import CliParser, PiconeoxError
 from utils.storage import open_storage
 from utils.sync import SyncSummary, download_tree, upload_tree
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         description=__doc__,
         epilog="credentials: --credentials FILE, else GOOGLE_APPLICATION_CREDENTIALS, else application default\n"
         "credentials (gcloud auth application-default login); see credentials/README.md.\n"
@@ -54,6 +55,9 @@ def run(args: argparse.Namespace) -> SyncSummary:
         raise PiconeoxError(f"--workers must be at least 1, got {args.workers}")
     if args.no_overwrite and not args.push:
         raise PiconeoxError("--no-overwrite applies only to --push")
+    local_dest = args.source or not args.dest.startswith("gs://")
+    if local_dest and not args.dry_run:
+        check_writable_dir(args.dest.removeprefix("file://"), "--dest")
     if args.source:
         src = open_storage(args.source, args.credentials, timeout_s=args.timeout)
         return download_tree(src, Path(args.dest), include=args.include, workers=args.workers,

@@ -25,8 +25,10 @@ from typing import Iterable, Iterator, Optional
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from utils.atomic import check_writable_dir
+from utils.crc import INDEX_NAME, CrcIndex
 from utils.documents import DECODE_ERRORS, INPUT_HELP, Source, TextFile, resolve_inputs
-from utils.errors import PiconeoxError
+from utils.errors import CliParser, PiconeoxError
 from utils.shards import MANIFEST_FILE, SPLITS, Manifest, ShardWriter, read_manifest, token_dtype, write_manifest
 from utils.tokenizers import (KINDS, TOKENIZER_FILE, build_tokenizer, check_vocab_size, checkpoint_tokenizer,
                               encode_batches, file_sha256, missing_chars, save_tokenizer, tokenizer_kind)
@@ -187,6 +189,10 @@ def _commit(staging: Path, data_dir: Path, manifest: Manifest) -> None:
         for stale in data_dir.glob(f"{split}_*.npy"):
             if stale.name not in keep:
                 stale.unlink()
+    index = CrcIndex(data_dir / INDEX_NAME)  # every shard was hashed as it was written: its first use hashes nothing
+    for shard in manifest.shards:
+        index.record(shard.name, (data_dir / shard.name).stat(), shard.crc32c)
+    index.save()
     write_manifest(data_dir, manifest)
     staging.rmdir()
 
@@ -247,6 +253,7 @@ def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", t
         return _documents(sources, val_sources, selection, val_split)
 
     data_dir = Path(out_dir) / name
+    check_writable_dir(data_dir, "--out-dir")
     staging = data_dir / STAGING
     shutil.rmtree(staging, ignore_errors=True)  # left over from a killed run
     staging.mkdir(parents=True)
@@ -294,7 +301,7 @@ def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", t
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=DOCUMENT_RULE)
+    p = CliParser(description=__doc__.split("\n")[0], epilog=DOCUMENT_RULE)
     p.add_argument("inputs", nargs="*", default=["demo"], metavar="INPUT",
                    help=f"{INPUT_HELP} (default: demo, the built-in stories)")
     p.add_argument("--name", help="dataset name: output goes to OUT_DIR/NAME (default: demo for the demo input)")
@@ -342,6 +349,13 @@ def main(argv: list[str] | None = None) -> int:
                            args.tokenizer_from)
     except PiconeoxError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"error: interrupted; {Path(args.out_dir) / args.name} is as it was before", file=sys.stderr)
+        return 130
+    except OSError as e:  # e.g. the disk filled up: the previous dataset is still intact
+        print(f"error: {e.filename or args.out_dir}: {e.strerror}; {Path(args.out_dir) / args.name} is as it was before",
+              file=sys.stderr)
         return 2
     m = read_manifest(data_dir)
     splits = ", ".join(f"{s} {m.split_tokens(s):,} tokens in {len(m.split_shards(s))} shards "

@@ -11,7 +11,7 @@ for arg in "$@"; do
   case "$arg" in
     --dev) DEV=1 ;;
     -h|--help) echo "usage: ./setup.sh [--dev]"; exit 0 ;;
-    *) echo "setup.sh: unknown option '$arg' (allowed: --dev)" >&2; exit 2 ;;
+    *) echo "setup.sh: error: unknown option '$arg' (allowed: --dev)" >&2; exit 2 ;;
   esac
 done
 

@@ -31,9 +31,10 @@ Runs train.py under `accelerate launch` and prints the exact line first.
   -h, --help               this text
 
 Everything after `--` is appended to train.py's flags verbatim.
-Ctrl-C / SIGTERM are forwarded to the whole process group of the run, so no worker is left behind;
-with several processes torchrun kills workers still running TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds
-later (default here 120; keep it above train.py's --grace-seconds).
+Ctrl-C / SIGTERM are forwarded to every training process: each saves, flushes its uploads and exits,
+and this script waits for them and exits 0 after a clean stop (a second Ctrl-C stops at once). With
+several processes torchrun kills workers still running TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds later
+(default here 120; keep it above train.py's --grace-seconds).
 
 Test hook: PICONEOX_FAKE_GPUS=N pretends N CUDA GPUs are visible (to check GPU lines on a CPU box).
 EOF
@@ -41,9 +42,9 @@ EOF
 
 die() { echo "error: $*" >&2; exit 2; }
 
-# A non-negative integer, or die naming the flag.
+# A non-negative integer small enough for shell arithmetic, or die naming the flag.
 need_int() {
-  [[ "$2" =~ ^[0-9]+$ ]] || die "$1 '$2' is not a whole number >= 0"
+  [[ "$2" =~ ^[0-9]{1,9}$ ]] || die "$1 '$2' is not a whole number from 0 to 999999999"
 }
 
 ROOT=$(dirname "$0")
@@ -176,14 +177,31 @@ echo "${line% }"
 # launcher after the workers started.
 "$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --preflight || exit $?
 
-# Run as a child in its own process group and forward Ctrl-C/SIGTERM to the whole group: accelerate
-# (#929) leaves its workers running when only the launcher is signalled.
+# Run as a child in its own process group, so a terminal's Ctrl-C reaches only this script, and forward
+# Ctrl-C/SIGTERM to the training processes themselves (the launcher's children): each saves and exits 0,
+# and the launcher then exits 0 too. Signalled itself, accelerate's launcher would die at once with a
+# traceback (or torchrun would report the workers as failed) while train.py is still saving.
 set -m
 env "${envs[@]}" "${cmd[@]}" &
 child=$!
+# The pids whose parent is $1, read from /proc (slim images have no pgrep).
+children_of() {
+  local stat fields
+  for stat in /proc/[0-9]*/stat; do
+    { read -r fields < "$stat"; } 2>/dev/null || continue
+    fields=(${fields##*) })  # after "pid (name) ": state ppid ...
+    if [ "${fields[1]}" = "$1" ]; then echo "${stat//[^0-9]/}"; fi
+  done
+}
 forward() {
-  echo "start_training.sh: forwarding SIG$1 to the run (process group $child)" >&2
-  kill -s "$1" -- "-$child" 2>/dev/null || true
+  local workers
+  workers=$(children_of "$child")
+  echo "start_training.sh: SIG$1: asking the run to save and stop (a second Ctrl-C stops at once)" >&2
+  if [ -n "$workers" ]; then
+    kill -s "$1" $workers 2>/dev/null || true
+  else  # not started yet: nothing to save
+    kill -s "$1" -- "-$child" 2>/dev/null || true
+  fi
 }
 trap 'forward INT' INT
 trap 'forward TERM' TERM

@@ -12,16 +12,18 @@ import collections
 import contextlib
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from utils.errors import PiconeoxError
+from utils.atomic import check_writable_dir
+from utils.errors import CliParser, PiconeoxError
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="test", help="preset name (rp2040-speed, rp2040-optimized, rp2040-quality, test, small, production, shakespeare-char)")
     p.add_argument("--config-file", help="YAML file with `model:` and/or `train:` sections overriding the preset")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override any setting, e.g. --set model.num_layers=6 (repeatable)")
@@ -58,7 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 SHORTCUTS = {
     "--max-steps": "max_steps", "--max-training-hours": "max_training_hours", "--batch-size": "micro_batch_size",
     "--grad-accum": "grad_accum_steps", "--lr": "learning_rate", "--seq-len": "seq_len",
-    "--eval-every": "eval_every", "--save-every": "save_every", "--keep-last": "keep_last",
+    "--eval-every": "eval_every", "--eval-batches": "eval_batches", "--save-every": "save_every", "--keep-last": "keep_last",
     "--patience": "patience", "--dataset-percent": "dataset_percent", "--mixed-precision": "mixed_precision",
     "--compile": "compile", "--seed": "seed", "--log-every": "log_every", "--warmup-steps": "warmup_steps",
 }
@@ -107,23 +109,60 @@ def check_data_arg(train_cfg) -> Path | None:
     if data == "demo" or data.startswith("gs://"):
         return None
     out = Path(data)
+    if out.is_file():  # a text file: it needs preparing first
+        raise PiconeoxError(f"--data {data} is a file; prepare it first with `python prepare_data.py {data} --name {out.stem} "
+                            f"--tokenizer {train_cfg.tokenizer}`, then pass --data data/{out.stem}")
     if not out.is_dir():
-        raise PiconeoxError(f"--data {data}: no such directory (prepare one with prepare_data.py, or use `demo`)")
+        raise PiconeoxError(f"--data {data}: no such directory; prepare it with `python prepare_data.py TEXT_FILES "
+                            f"--out-dir {out.parent} --name {out.name} --tokenizer {train_cfg.tokenizer}`, or use --data demo")
     if train_cfg.dataset_percent != 100:
         raise PiconeoxError(f"--dataset-percent {train_cfg.dataset_percent:g} applies when the trainer prepares `demo`; "
                             f"for {data} run prepare_data.py --dataset-percent instead")
     return out
 
 
-def prepare_data_dir(train_cfg, accelerator) -> Path:
-    """The local dataset directory: `demo` is prepared on first use, gs:// is synced; one process per machine first."""
-    local = check_data_arg(train_cfg)
-    if local is not None:
-        return local
+def data_name(train_cfg) -> str:
+    """The dataset's folder name, known before it is prepared or synced: demo-<tokenizer>..., else the last path part."""
     if train_cfg.data == "demo":
         vocab = f"{train_cfg.tokenizer_vocab}" if train_cfg.tokenizer_vocab else ""
         pct = "" if train_cfg.dataset_percent == 100 else f"-p{train_cfg.dataset_percent:g}"
-        out = Path("data") / f"demo-{train_cfg.tokenizer}{vocab}{pct}"
+        return f"demo-{train_cfg.tokenizer}{vocab}{pct}"
+    if train_cfg.data.startswith("gs://"):
+        return train_cfg.data.rstrip("/").rsplit("/", 1)[-1]
+    return Path(train_cfg.data.removeprefix("file://")).resolve().name
+
+
+def run_dirs(args, cfg) -> tuple[str, Path, Path]:
+    """(run name, checkpoints/<run>, logs/<run>); refuses a run name that is not a plain folder name."""
+    run = args.run_name or f"{cfg.preset}-{data_name(cfg.train)}"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", run):
+        raise PiconeoxError(f"--run-name {run!r} is not allowed: use letters, digits, '.', '_' and '-'")
+    return run, Path(args.output_dir) / run, Path(args.log_dir) / run
+
+
+def check_new_run(args, run_dir: Path, log_dir: Path) -> None:
+    """A run without --resume never writes into an earlier run's folders (its best/ and logs would be lost)."""
+    check_writable_dir(run_dir, "--output-dir")
+    check_writable_dir(log_dir, "--log-dir")
+    if args.resume:
+        return
+    for folder in (run_dir, log_dir):
+        if folder.is_dir() and any(folder.iterdir()):
+            raise PiconeoxError(f"{folder} holds an earlier run: pass --resume auto to continue it, or --run-name NAME "
+                                "(after `--` for start_training.sh) to start a new one beside it")
+
+
+def prepare_data_dir(train_cfg, accelerator) -> Path:
+    """The local dataset directory: `demo` is prepared on first use, gs:// is synced; one process per machine first."""
+    from utils.shards import verify_dataset
+
+    local = check_data_arg(train_cfg)
+    if local is not None:
+        with accelerator.local_main_process_first():  # on first use the shards' crc32c are hashed once per machine
+            verify_dataset(local)
+        return local
+    if train_cfg.data == "demo":
+        out = Path("data") / data_name(train_cfg)
         with accelerator.local_main_process_first():  # one process per machine prepares, the others reuse it
             if not (out / "manifest.json").exists():
                 from prepare_data import prepare
@@ -160,17 +199,19 @@ def build_initial_model(cfg, resume_from: Path | None, pretrained, shapes_only: 
 
 
 def preflight(args, cfg, pretrained) -> None:
-    """The checks that need no GPU, no data loading and no network: settings, --data, --init-from and --resume."""
+    """The checks that need no GPU and no network: settings, output folders, --data (verified), --init-from and --resume."""
     from utils import checkpoint as ckpt
     from utils.distributed import check_timeout
     from utils.preemption import StopRequest
-    from utils.shards import read_manifest
+    from utils.shards import verify_dataset
     from utils.uploader import CheckpointUploader
 
-    local_data = check_data_arg(cfg.train)
-    if pretrained and local_data:
-        pretrained.check_dataset(local_data, read_manifest(local_data).tokenizer_sha256)
+    if (local := check_data_arg(cfg.train)) is not None:
+        dataset = verify_dataset(local)  # hashes the shards on first use; the launched run then finds them cached
+        if pretrained:
+            pretrained.check_dataset(local, dataset.tokenizer_sha256)
     check_timeout(args.collective_timeout_minutes)
+    check_new_run(args, *run_dirs(args, cfg)[1:])
     StopRequest(args.grace_seconds)  # validates the grace period
     CheckpointUploader.check_settings(bool(args.checkpoint_bucket), cfg.train.keep_last, args.max_upload_failures)
     if args.resume and args.resume != "auto" and not args.resume.startswith("gs://"):
@@ -342,8 +383,20 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     train_loader, val_loader = make_loaders(tc.micro_batch_size)
     cfg = RunConfig(cfg.preset, cfg.model.with_vocab(train_loader.vocab_size), tc).validate()
 
-    run = args.run_name or f"{cfg.preset}-{data_dir.name}"
-    run_dir, log_dir = Path(args.output_dir) / run, Path(args.log_dir) / run
+    run, run_dir, log_dir = run_dirs(args, cfg)
+    # Decided by the main process (it alone writes checkpoints) and shared, so no rank is left waiting.
+    refusal = [None]
+    if is_main:
+        try:
+            check_new_run(args, run_dir, log_dir)
+        except PiconeoxError as e:
+            refusal = [str(e)]
+    if world > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(refusal)
+    if refusal[0]:
+        raise PiconeoxError(refusal[0])
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -453,6 +506,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     batches = iter(train_loader)
     bar = ProgressBar(tc.max_steps, state.step, is_main)
     recent_losses: collections.deque[float] = collections.deque(maxlen=100)  # for the bar's running average
+    interval_tokens, interval_seconds = 0, 0.0  # for the eval line's throughput
     stop_reason = "max steps reached"
     cleanup.enter_context(stop)  # SIGTERM/SIGINT now only ask for a clean stop
     model.train()
@@ -493,6 +547,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         recent_losses.append(loss)
         lr = scheduler.get_last_lr()[0]
         tok_s = tokens_per_step / dt
+        interval_tokens, interval_seconds = interval_tokens + tokens_per_step, interval_seconds + dt
         bar.update(1, loss=loss, avg_loss=sum(recent_losses) / len(recent_losses), lr=lr, tok_s=tok_s)
         if state.step % tc.log_every == 0 or state.step == tc.max_steps:
             metrics.scalars(state.step, {
@@ -509,10 +564,12 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
             improved = val < state.best_val_loss
             state.best_val_loss = min(val, state.best_val_loss)
             state.evals_without_improvement = 0 if improved else state.evals_without_improvement + 1
-            util, gpu = mfu(tok_s / world, flops_per_token, peak), gpu_stats()
+            avg_tok_s = interval_tokens / interval_seconds  # since the last eval line, not just this step
+            interval_tokens, interval_seconds = 0, 0.0
+            util, gpu = mfu(avg_tok_s / world, flops_per_token, peak), gpu_stats()
             gpu_text = "n/a" if gpu["gpu/util_pct"] is None else f"{gpu['gpu/util_pct']:.0f}% busy, {gpu['gpu/mem_gb']:.1f} GB"
             log.info(f"step {state.step}: train loss {loss:.4f}, val loss {val:.4f}, perplexity {math.exp(min(val, 50)):.2f}, "
-                     f"{tok_s:,.0f} tok/s ({tok_s / world:,.0f} per device), MFU {f'{util:.1%}' if util else 'n/a'}, GPU {gpu_text}"
+                     f"{avg_tok_s:,.0f} tok/s ({avg_tok_s / world:,.0f} per device), MFU {f'{util:.1%}' if util else 'n/a'}, GPU {gpu_text}"
                      + (" (best)" if improved else f" ({state.evals_without_improvement} eval(s) without improvement)"))
             if improved:
                 save(run_dir / "best", weights_only=True)
@@ -543,7 +600,9 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         metrics.save_history(log_dir / "history.json")
         metrics.plot(log_dir / "loss.png")
         log.info(f"stopped at step {state.step}: {stop_reason}; best val loss {state.best_val_loss:.4f}")
-        log.info(f"checkpoints in {run_dir}, logs in {log_dir} (tensorboard --logdir {args.log_dir})")
+        log.info(f"checkpoints in {run_dir}, logs in {log_dir} ({shown_path(Path(sys.executable).parent / 'tensorboard')} "
+                 f"--logdir {args.log_dir})")
+        log.info(next_commands(cfg.preset, run_dir, stopped=stop.stopping))
         if sample is not None:
             metrics.text(state.step, "sample", sample)
         metrics.close()
@@ -564,6 +623,24 @@ def log_sample(model, tokenizer, prompt: str, seed: int, log) -> str:
     text = sample_text(model, tokenizer, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=seed)
     log.info("sample:\n" + text)
     return text
+
+
+def shown_path(path: Path) -> str:
+    """`path` relative to the current directory when it lies below it (shorter to copy), else absolute."""
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else str(path)
+
+
+def next_commands(preset: str, run_dir: Path, stopped: bool) -> str:
+    """What a newcomer runs after training: continue, sample, evaluate, and for Pico presets export."""
+    py = shown_path(Path(sys.executable))
+    lines = ["next:"]
+    if stopped:
+        lines.append("  continue this run: the same command plus --resume auto")
+    lines.append(f"  {py} -m utils.generate {run_dir}/best --prompt \"Once upon a time\" --max-new-tokens 200")
+    if preset.startswith(("rp2040", "pico")):
+        lines.append(f"  {py} -m rp2040.export {run_dir} --out models/{run_dir.name} --dtype int8   # then rp2040.run / rp2040.flash")
+    return "\n".join(lines)
 
 
 class TrainingDiverged(PiconeoxError):

@@ -1,7 +1,9 @@
 """What every config dataclass shares: dict round-trips that refuse unknown keys in one line."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, fields
+from typing import Callable
 
 from utils.errors import PiconeoxError
 
@@ -17,7 +19,7 @@ class ConfigBase:
     @classmethod
     def from_dict(cls, d: dict):
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(str(k) for k in set(d) - known)
         if unknown:
             raise PiconeoxError(f"unknown {cls.SECTION} setting {unknown[0]!r}; allowed: {', '.join(sorted(known))}")
         return cls(**d)
@@ -29,3 +31,9 @@ class ConfigBase:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise PiconeoxError(f"{self.SECTION}.{name}={value!r}: must be {rule}")
+
+    def check_float(self, name: str, ok: Callable[[float], bool], rule: str) -> None:
+        """The named field must be a finite number (not a bool) with ok(value), or one PiconeoxError line says `rule`."""
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+            raise PiconeoxError(f"{self.SECTION}.{name}={value!r}: must be {rule}")

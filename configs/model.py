@@ -62,8 +62,9 @@ class ModelConfig(ConfigBase):
                 f"model.rotary_pct={self.rotary_pct} with head_dim {self.head_dim} gives {self.rotary_dims} rotary dims; "
                 "RoPE needs an even number >= 2 (use fewer heads or a larger rotary_pct)"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise PiconeoxError(f"model.dropout={self.dropout}: must be in [0, 1)")
+        self.check_float("dropout", lambda v: 0 <= v < 1, "in [0, 1)")
+        self.check_float("rotary_base", lambda v: v > 0, "a number > 0")
+        self.check_float("layer_norm_eps", lambda v: v > 0, "a small number > 0, e.g. 1e-5")
         return self
 
     def with_vocab(self, tokenizer_vocab: int) -> "ModelConfig":

@@ -63,14 +63,16 @@ class TrainConfig(ConfigBase):
         self.check_ints(("seq_len", "micro_batch_size", "grad_accum_steps", "max_steps", "eval_every", "eval_batches",
                          "save_every", "keep_last", "log_every"), 1)
         self.check_ints(("warmup_steps", "patience", "seed"), 0)
-        if not self.learning_rate > 0:
-            raise PiconeoxError(f"train.learning_rate={self.learning_rate}: must be > 0")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise PiconeoxError(f"train.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
-        if not 0.0 < self.dataset_percent <= 100.0:
-            raise PiconeoxError(f"train.dataset_percent={self.dataset_percent}: must be in (0, 100]")
-        if self.max_training_hours < 0:
-            raise PiconeoxError(f"train.max_training_hours={self.max_training_hours}: must be >= 0 (0 = no limit)")
+        if self.seed >= 2**32:  # numpy's seeds end there
+            raise PiconeoxError(f"train.seed={self.seed}: must be below 2**32 = {2**32}")
+        self.check_float("learning_rate", lambda v: v > 0, "a number > 0")
+        self.check_float("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
+        self.check_float("dataset_percent", lambda v: 0 < v <= 100, "in (0, 100]")
+        self.check_float("max_training_hours", lambda v: v >= 0, "a number of hours >= 0 (0 = no limit)")
+        self.check_float("weight_decay", lambda v: v >= 0, "a number >= 0")
+        self.check_float("grad_clip", lambda v: v > 0, "a number > 0")
+        for beta in ("beta1", "beta2"):  # AdamW's moment decay rates
+            self.check_float(beta, lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.9 or 0.95")
         if self.mixed_precision not in MIXED_PRECISION:
             raise PiconeoxError(f"train.mixed_precision={self.mixed_precision!r}: allowed {', '.join(MIXED_PRECISION)}")
         if self.compile not in ON_OFF_AUTO:
@@ -79,6 +81,9 @@ class TrainConfig(ConfigBase):
             raise PiconeoxError(f"train.activation_checkpointing={self.activation_checkpointing!r}: allowed {', '.join(ON_OFF_AUTO)}")
         if self.tokenizer not in TOKENIZERS:
             raise PiconeoxError(f"train.tokenizer={self.tokenizer!r}: allowed {', '.join(TOKENIZERS)}")
-        if self.grad_clip <= 0:
-            raise PiconeoxError(f"train.grad_clip={self.grad_clip}: must be > 0")
+        if self.tokenizer == "bpe" and self.tokenizer_vocab is not None:
+            self.check_ints(("tokenizer_vocab",), 257)
+        elif self.tokenizer_vocab not in (None, 256 if self.tokenizer == "byte" else None):
+            raise PiconeoxError(f"train.tokenizer_vocab={self.tokenizer_vocab!r}: only for tokenizer bpe "
+                                f"(this run's {self.tokenizer} tokenizer sizes itself; set it to null)")
         return self

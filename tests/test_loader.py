@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from prepare_data import prepare
+from utils.crc import crc32c_file
 from utils.errors import PiconeoxError
 from utils.loader import BlockLoader
-from utils.shards import read_manifest
+from utils.shards import read_manifest, write_manifest
 from utils.tokenizers import EOT, load_tokenizer
 
 T = 16  # seq_len for the small dataset
@@ -169,11 +170,12 @@ def test_opening_checks_the_files_and_batches_check_token_ids(small):
     m = read_manifest(data)
     path = data / m.shards[0].name
     ids = np.load(path)
-    ids[T + 3] = 999  # same size, so only the per-batch check or check_crc can see it
+    ids[T + 3] = 999  # same size: the crc32c check on opening sees it
     np.save(path, ids)
-    BlockLoader(data, "train", T, 1)
     with pytest.raises(PiconeoxError, match="crc32c"):
-        BlockLoader(data, "train", T, 1, verify_crc=True)
+        BlockLoader(data, "train", T, 1)
+    m.shards[0].crc32c = crc32c_file(path)  # a foreign shard with a consistent manifest: the batches see it
+    write_manifest(data, m)
     loader = BlockLoader(data, "train", T, 1, shuffle=False)
     next(loader)
     with pytest.raises(PiconeoxError, match="token id 999, not below the vocab size 256"):

@@ -145,8 +145,8 @@ def test_demo_input_is_deterministic_stories_and_prepares_in_one_call(tmp_path):
     data = prepare(["demo"], "demo", tmp_path, workers=2)
     m = verify_dataset(data, check_crc=True)
     assert m.documents["train"] + m.documents["val"] == 12_000 and m.vocab_size == 256
-    assert sorted(p.name for p in data.iterdir()) == ["manifest.json", "tokenizer.json", "train_00000.npy",
-                                                      "val_00000.npy"]
+    assert sorted(p.name for p in data.iterdir()) == [".crc32c-index.json", "manifest.json", "tokenizer.json",
+                                                      "train_00000.npy", "val_00000.npy"]
 
 
 def test_existing_tokenizer_is_reused_refused_when_different_and_replaced_on_request(tmp_path):

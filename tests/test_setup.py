@@ -30,7 +30,7 @@ def test_plain_run_completes():
 
 def test_unknown_option_and_old_python_fail_with_one_line(tmp_path):
     proc = setup("--gpu")
-    assert proc.returncode == 2 and proc.stderr.strip() == "setup.sh: unknown option '--gpu' (allowed: --dev)"
+    assert proc.returncode == 2 and proc.stderr.strip() == "setup.sh: error: unknown option '--gpu' (allowed: --dev)"
     fake = tmp_path / "python3.8"
     fake.write_text("#!/bin/sh\ncase \"$2\" in *version_info*) exit 1;; *) echo 3.8.18;; esac\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)

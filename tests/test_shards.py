@@ -1,11 +1,12 @@
 """utils/shards.py: shard writing, the manifest, and verify_dataset refusing data that does not match."""
 import json
+import os
 
 import numpy as np
 import pytest
 
 from prepare_data import prepare
-from utils.crc import crc32c_file
+from utils.crc import INDEX_NAME, crc32c_file
 from utils.errors import PiconeoxError
 from utils.shards import ShardWriter, read_manifest, token_dtype, verify_dataset
 
@@ -68,6 +69,12 @@ def corrupt_token(d, m):  # a foreign shard with a consistent manifest entry
     (d / "manifest.json").write_text(json.dumps(raw))
 
 
+def corrupt_crc_in_manifest(d, m):  # the shards are as hashed before (cached), the manifest's value is wrong
+    raw = json.loads((d / "manifest.json").read_text())
+    raw["shards"][3]["crc32c"] = 0
+    (d / "manifest.json").write_text(json.dumps(raw))
+
+
 def corrupt_tokenizer(d, m):
     (d / "tokenizer.json").write_text((d / "tokenizer.json").read_text().replace("<|endoftext|>", "<|end|>"))
 
@@ -83,7 +90,8 @@ def remove_manifest(d, m):
 @pytest.mark.parametrize("corrupt, deep, message", [
     (corrupt_missing, False, r"train_00003.npy is listed in the manifest but missing"),
     (corrupt_truncate, False, r"train_00003.npy has \d+ bytes, the manifest says \d+"),
-    (corrupt_flip, True, r"train_00003.npy has crc32c [0-9a-f]{8}, the manifest says [0-9a-f]{8}"),
+    (corrupt_flip, False, r"train_00003.npy has crc32c [0-9a-f]{8}, the manifest says [0-9a-f]{8}"),
+    (corrupt_crc_in_manifest, False, r"train_00003.npy has crc32c [0-9a-f]{8}, the manifest says 00000000"),
     (corrupt_token, True, r"train_00003.npy holds token id 300, not below the vocab size 256"),
     (corrupt_tokenizer, False, r"tokenizer.json \(sha256 \w+\) is not the tokenizer the manifest names"),
     (corrupt_manifest, False, r"manifest.json is not a valid manifest"),
@@ -96,11 +104,23 @@ def test_verify_refuses_data_that_does_not_match_the_manifest(dataset, corrupt, 
     assert "\n" not in str(e.value)
 
 
-def test_crc_changes_pass_the_quick_check_and_fail_the_deep_one(dataset):
-    corrupt_flip(dataset, read_manifest(dataset))
-    verify_dataset(dataset)  # existence and size only: fast enough for every open
-    with pytest.raises(PiconeoxError, match="crc32c"):
+def test_crc_is_checked_on_first_use_then_cached_by_size_and_mtime(dataset):
+    m = read_manifest(dataset)
+    index = dataset / INDEX_NAME
+    assert set(json.loads(index.read_text())) == {s.name for s in m.shards}  # prepare_data.py hashed them already
+    index.unlink()
+    verify_dataset(dataset)  # first use: hashes every shard and writes the index again
+    assert set(json.loads(index.read_text())) == {s.name for s in m.shards}
+    path = dataset / m.shards[3].name
+    st = path.stat()
+    corrupt_flip(dataset, m)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # rsync's quick check: same size and mtime pass
+    verify_dataset(dataset)
+    with pytest.raises(PiconeoxError, match="crc32c"):  # the deep check ignores the index
         verify_dataset(dataset, check_crc=True)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    with pytest.raises(PiconeoxError, match="crc32c"):  # another mtime: hashed again
+        verify_dataset(dataset)
 
 
 def test_verify_refuses_a_vocab_or_tokenizer_the_model_was_not_built_for(dataset):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from utils.errors import PiconeoxError
+from utils.errors import CliParser, PiconeoxError
+from utils.tokenizers import tokenizer_kind
 
 
 @torch.no_grad()
@@ -58,13 +59,18 @@ def load_checkpoint_model(folder: str):
     return load_model(path), AutoTokenizer.from_pretrained(str(path))
 
 
-def evaluate_checkpoint(model, data_dir: str, seq_len: int, batch_size: int, num_batches: int) -> float:
-    """Mean validation cross-entropy of `model` on a prepared dataset's val split."""
+def evaluate_checkpoint(model, tokenizer, data_dir: str, seq_len: int, batch_size: int, num_batches: int) -> float:
+    """Mean validation cross-entropy of `model` on a prepared dataset's val split, refused unless the
+    dataset was tokenized with the checkpoint's tokenizer (other ids would give a meaningless number)."""
+    from tokenizers import Tokenizer
+
     from utils.loader import BlockLoader
+    from utils.tokenizers import TOKENIZER_FILE
 
     loader = BlockLoader(data_dir, "val", seq_len, batch_size, shuffle=False)
-    if loader.vocab_size > model.config.vocab_size:
-        raise PiconeoxError(f"--eval-data {data_dir}: vocab {loader.vocab_size} is larger than the model's {model.config.vocab_size}")
+    if Tokenizer.from_file(str(Path(data_dir) / TOKENIZER_FILE)).get_vocab() != tokenizer.get_vocab():
+        raise PiconeoxError(f"--eval-data {data_dir} was tokenized with another tokenizer than the checkpoint's: "
+                            "evaluate on the dataset the model was trained on (or one prepared with its tokenizer)")
     model.eval()
     losses = []
     with torch.no_grad():
@@ -77,7 +83,7 @@ def evaluate_checkpoint(model, data_dir: str, seq_len: int, batch_size: int, num
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a checkpoint folder: checkpoints/<run>/best, final or step-XXXXXXXX")
     p.add_argument("--prompt", default="Once upon a time")
     p.add_argument("--max-new-tokens", type=int, default=200)
@@ -89,14 +95,26 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=8)
     args = p.parse_args(argv)
     try:
-        if args.max_new_tokens < 1 or args.eval_batches < 1 or args.batch_size < 1:
-            raise PiconeoxError("--max-new-tokens, --eval-batches and --batch-size must be positive integers")
+        for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--eval-batches", args.eval_batches),
+                            ("--batch-size", args.batch_size)):
+            if value < 1:
+                raise PiconeoxError(f"{flag} {value}: must be a positive integer")
+        if not (math.isfinite(args.temperature) and args.temperature >= 0):
+            raise PiconeoxError(f"--temperature {args.temperature}: must be a number >= 0 (0 = greedy)")
+        if not 0 <= args.seed < 2**63:
+            raise PiconeoxError(f"--seed {args.seed}: must be an integer from 0 to 2**63 - 1")
+        if args.top_k < 0:
+            raise PiconeoxError(f"--top-k {args.top_k}: must be an integer >= 0 (0 = no top-k filtering)")
         model, tokenizer = load_checkpoint_model(args.checkpoint)
         if args.eval_data:
-            loss = evaluate_checkpoint(model, args.eval_data, model.config.max_position_embeddings,
+            loss = evaluate_checkpoint(model, tokenizer, args.eval_data, model.config.max_position_embeddings,
                                        args.batch_size, args.eval_batches)
             print(f"val loss {loss:.4f}  perplexity {math.exp(loss):.2f}")
         else:
+            unknown = sorted({c for c in args.prompt if c not in tokenizer.get_vocab()})
+            if unknown and tokenizer_kind(tokenizer.backend_tokenizer) == "char":  # byte and BPE encode any text
+                raise PiconeoxError(f"--prompt {args.prompt!r} has characters this checkpoint's tokenizer does not "
+                                    f"know ({', '.join(map(repr, unknown[:5]))}): they would be dropped silently")
             print(sample_text(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature,
                               args.top_k or None, args.seed))
     except PiconeoxError as e:

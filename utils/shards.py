@@ -10,6 +10,7 @@ A prepared dataset is a folder `data/<name>/` holding
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -19,9 +20,10 @@ from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
+from tqdm import tqdm
 
 from utils.atomic import atomic_write, atomic_write_json
-from utils.crc import crc32c_file
+from utils.crc import INDEX_NAME, CrcIndex, crc32c_file
 from utils.errors import PiconeoxError
 from utils.tokenizers import TOKENIZER_FILE, file_sha256
 
@@ -143,7 +145,10 @@ def verify_dataset(data_dir: str | os.PathLike, check_crc: bool = False, expecte
     """Check the manifest against the files; returns it, or raises PiconeoxError with one line.
 
     Always: tokenizer.json hash and vocab size, every shard's existence, byte size, dtype and length.
-    With check_crc: every shard's crc32c and that no token id is >= the vocab size (reads all data).
+    Also each shard's crc32c, hashed on first use and then cached by size and mtime in the folder's
+    .crc32c-index.json (the index the sync and prepare_data.py keep), so later runs hash nothing.
+    With check_crc: re-hash every shard regardless of the index, and check that no token id is >= the
+    vocab size (reads all data).
     `expected_vocab` / `expected_tokenizer_sha256` refuse a dataset that a model was not built for.
     """
     data_dir = Path(data_dir)
@@ -168,19 +173,25 @@ def verify_dataset(data_dir: str | os.PathLike, check_crc: bool = False, expecte
     if manifest.dtype != token_dtype(manifest.vocab_size).name:
         raise PiconeoxError(f"{data_dir}: manifest dtype {manifest.dtype} does not fit vocab size "
                             f"{manifest.vocab_size} (expected {token_dtype(manifest.vocab_size).name})")
-    for shard in manifest.shards:
-        _verify_shard(data_dir, manifest, shard, check_crc)
+    index = CrcIndex(data_dir / INDEX_NAME)
+    try:
+        for shard in tqdm(manifest.shards, desc=f"verify {data_dir}", unit="shard", leave=False, disable=None):
+            _verify_shard(data_dir, manifest, shard, check_crc, index)
+    finally:
+        with contextlib.suppress(OSError):  # a read-only dataset is hashed again next time
+            index.save()
     return manifest
 
 
-def _verify_shard(data_dir: Path, manifest: Manifest, shard: ShardInfo, check_crc: bool) -> None:
+def _verify_shard(data_dir: Path, manifest: Manifest, shard: ShardInfo, check_crc: bool, index: CrcIndex) -> None:
     path = data_dir / shard.name
     if shard.split not in SPLITS or Path(shard.name).name != shard.name:
         raise PiconeoxError(f"{data_dir}: manifest lists shard {shard.name!r} of split {shard.split!r}; "
                             f"allowed are plain file names in splits {', '.join(SPLITS)}")
     if not path.is_file():
         raise PiconeoxError(f"{path} is listed in the manifest but missing: download or prepare the data again")
-    size = path.stat().st_size
+    st = path.stat()
+    size = st.st_size
     if size != shard.bytes:
         raise PiconeoxError(f"{path} has {size} bytes, the manifest says {shard.bytes}: the file is "
                             "truncated or replaced; download or prepare the data again")
@@ -191,11 +202,11 @@ def _verify_shard(data_dir: Path, manifest: Manifest, shard: ShardInfo, check_cr
     if ids.dtype != np.dtype(manifest.dtype) or ids.shape != (shard.tokens,):
         raise PiconeoxError(f"{path} holds {ids.dtype}{list(ids.shape)}, the manifest says "
                             f"{manifest.dtype}[{shard.tokens}]")
+    crc = crc32c_file(path) if check_crc else index.crc32c(shard.name, path, st)
+    if crc != shard.crc32c:
+        raise PiconeoxError(f"{path} has crc32c {crc:08x}, the manifest says {shard.crc32c:08x}: "
+                            "the file is corrupt; download or prepare the data again")
     if check_crc:
-        crc = crc32c_file(path)
-        if crc != shard.crc32c:
-            raise PiconeoxError(f"{path} has crc32c {crc:08x}, the manifest says {shard.crc32c:08x}: "
-                                "the file is corrupt; download or prepare the data again")
         top = int(ids.max()) if len(ids) else -1
         if top >= manifest.vocab_size:
             raise PiconeoxError(f"{path} holds token id {top}, not below the vocab size "

@@ -8,7 +8,6 @@ last, so a remote folder never looks complete before all its files are there.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -20,8 +19,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from utils.atomic import atomic_write_json
-from utils.crc import crc32c_file
+from utils.crc import INDEX_NAME, CrcIndex
 from utils.errors import PiconeoxError
 from utils.storage import (PARTIAL_SUFFIX, ObjectInfo, Storage, in_flight, open_storage, parse_gs_url,
                            safe_relpath)
@@ -29,9 +27,6 @@ from utils.storage import (PARTIAL_SUFFIX, ObjectInfo, Storage, in_flight, open_
 __all__ = ["SyncSummary", "CrcIndex", "download_tree", "upload_tree", "ensure_local", "safe_relpath"]
 
 log = logging.getLogger(__name__)
-
-INDEX_NAME = ".crc32c-index.json"
-
 
 @dataclass
 class SyncSummary:
@@ -52,45 +47,6 @@ class SyncSummary:
     def fail(self, message: str) -> None:
         self.failed += 1
         self.errors.append(message)
-
-
-class CrcIndex:
-    """crc32c of local files, reused while a file's size and mtime are unchanged.
-
-    Stored as JSON {relative name: [size, mtime_ns, crc32c]}; a missing or unreadable index only
-    costs re-hashing, so it is rebuilt rather than reported. Like rsync's quick check, a rewrite that
-    keeps both size and mtime goes unnoticed: delete the index file to force a full re-hash.
-    """
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._entries: dict[str, list[int]] = {}
-        self._changed = False
-        try:
-            loaded = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(loaded, dict):
-                self._entries = loaded
-        except (OSError, ValueError):
-            pass
-
-    def crc32c(self, rel: str, file: Path, st: os.stat_result) -> int:
-        """The crc32c of `file` (stat result `st`), from the index when still valid, else computed."""
-        entry = self._entries.get(rel)
-        if isinstance(entry, list) and len(entry) == 3 and entry[:2] == [st.st_size, st.st_mtime_ns]:
-            return entry[2]
-        crc = crc32c_file(file)
-        self.record(rel, st, crc)
-        return crc
-
-    def record(self, rel: str, st: os.stat_result, crc: int) -> None:
-        """Remember a crc32c known to belong to the file content with stat result `st`."""
-        self._entries[rel] = [st.st_size, st.st_mtime_ns, crc]
-        self._changed = True
-
-    def save(self) -> None:
-        if self._changed:
-            atomic_write_json(self.path, self._entries)
-            self._changed = False
 
 
 def _local_crc_if_same_size(path: Path, rel: str, size: int, index: CrcIndex) -> int | None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import signal
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Iterable, Iterator, TypeVar
@@ -79,13 +81,35 @@ def _byte_tokenizer() -> Tokenizer:
     return tok
 
 
+def _interruptible(work) -> None:
+    """Run `work` on a daemon thread while the main thread waits in short slices.
+
+    BPE training runs in Rust (and pulls the texts from its own thread), so Python's Ctrl-C handler
+    would only run once the whole training returned; this way KeyboardInterrupt comes at once.
+    """
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as e:  # handed to the main thread
+            failed.append(e)
+
+    thread = threading.Thread(target=run, name="bpe-train", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+    if failed:
+        raise failed[0]
+
+
 def _bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT],
                                   initial_alphabet=ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer)
+    _interruptible(lambda: tok.train_from_iterator(texts, trainer=trainer))
     if tok.get_vocab_size() < vocab_size:  # the text ran out of pairs to merge
         raise PiconeoxError(f"--vocab-size {vocab_size} is more than this text supports: BPE found only "
                             f"{tok.get_vocab_size()} tokens; give at most that or more text")
@@ -179,6 +203,9 @@ _worker_tokenizer: Tokenizer | None = None
 
 def _init_worker(tokenizer_json: str) -> None:
     global _worker_tokenizer
+    # Ctrl-C reaches the whole process group: only the parent stops (and terminates the pool); a worker
+    # interrupted mid-task would leave the pool waiting for a result that never comes.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the pool already uses the cores
     _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
 

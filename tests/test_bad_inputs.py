@@ -1,0 +1,234 @@
+"""Bad input to every CLI: exit 2, one `error:` line naming the value, no traceback, nothing damaged.
+
+The Python CLIs run in ONE subprocess (a driver calls each `main(argv)` in turn, catching what escapes),
+so a table of cases costs one interpreter start, not one each; the shell CLIs run as themselves.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+DRIVER = r"""
+import contextlib, importlib, io, json, sys, traceback
+results = []
+for module, argv in json.load(sys.stdin):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = importlib.import_module(module).main(argv)
+        except SystemExit as e:  # argparse
+            code = e.code
+        except BaseException:
+            traceback.print_exc()
+            code = "raised"
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def run_cli_cases(cases, cwd):
+    """[(module, argv)] -> [(exit code, stderr)], all in one interpreter started in `cwd`."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps(cases), cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_one_error_line(code, err, message, context=""):
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and "Traceback" not in err, f"{context}: exit {code}\n{err}"
+    assert len(lines) == 1 and message in lines[0], f"{context}: expected one error line with {message!r}\n{err}"
+
+
+def binary_file(path):
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe\x00")
+    return str(path)
+
+
+def test_python_clis_refuse_bad_values_with_one_line(tmp_path, tiny_data):
+    png = binary_file(tmp_path / "image.png")
+    (tmp_path / "sections.yaml").write_text("model: 5\n")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    wrong_crc = tmp_path / "wrong-crc"
+    shutil.copytree(tiny_data, wrong_crc)
+    manifest = json.loads((wrong_crc / "manifest.json").read_text())
+    manifest["shards"][0]["crc32c"] ^= 1
+    (wrong_crc / "manifest.json").write_text(json.dumps(manifest))
+    before = {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*")}
+    cases = [
+        # item 5: a manifest crc32c that does not match the shard, before the launch and in the run itself
+        ("train", ["--preflight", "--data", str(wrong_crc)], "has crc32c"),
+        ("train", ["--data", str(wrong_crc), "--max-steps", "1"], "has crc32c"),
+        # item 6: output folders that cannot be written (under a file; a place nobody may write, even root)
+        ("prepare_data", ["--out-dir", str(a_file / "sub")], "is a file, not a folder"),
+        ("prepare_data", ["--out-dir", "/proc/piconeox"], "cannot write in /proc"),
+        ("train", ["--preflight", "--output-dir", str(a_file / "ckpt")], "is a file, not a folder"),
+        ("train", ["--preflight", "--log-dir", "/proc/piconeox"], "cannot write in /proc"),
+        ("train", ["--data", str(tiny_data), "--log-dir", str(a_file), "--max-steps", "1"], "is a file, not a folder"),
+        ("download_training_data", ["--source", str(tiny_data), "--dest", str(a_file / "x")], "is a file, not a folder"),
+        ("download_training_data", ["--push", str(tiny_data), "--dest", "/proc/piconeox"], "cannot write in /proc"),
+        ("train", ["--preflight", "--run-name", "../elsewhere"], "--run-name '../elsewhere' is not allowed"),
+        # the sweep past the list: flag mistakes are one line too (not argparse's usage block), a text file as
+        # --data says how to prepare it, a tokenizer vocab the tokenizer cannot have
+        ("train", ["--preflight", "--bogus"], "unrecognized arguments: --bogus"),
+        ("prepare_data", ["--tokenizer", "words"], "invalid choice: 'words'"),
+        ("download_training_data", ["--dest", "x"], "one of the arguments --source --push is required"),
+        ("utils.generate", [], "the following arguments are required: checkpoint"),
+        ("train", ["--preflight", "--data", str(a_file)], "is a file; prepare it first with `python prepare_data.py"),
+        ("train", ["--preflight", "--set", "train.tokenizer_vocab=5"], "train.tokenizer_vocab=5: only for tokenizer bpe"),
+        ("train", ["--preflight", "--config", "small", "--set", "train.tokenizer_vocab=5"], "must be an integer >= 257"),
+        # item 10: settings
+        ("train", ["--preflight", "--config-file", png], "is not a text (UTF-8 YAML) file"),
+        ("train", ["--preflight", "--config-file", str(tmp_path)], "is not a file"),
+        ("train", ["--preflight", "--config-file", str(tmp_path / "sections.yaml")], "each a mapping"),
+        ("train", ["--preflight", "--set", "train.beta2=5"], "train.beta2=5.0: must be in [0, 1)"),
+        ("train", ["--preflight", "--max-training-hours", "nan"], "train.max_training_hours=nan"),
+        ("train", ["--preflight", "--set", "train.grad_clip=nan"], "train.grad_clip=nan"),
+        ("train", ["--preflight", "--lr", "inf"], "train.learning_rate=inf"),
+        ("train", ["--preflight", "--set", "train.weight_decay=-1"], "train.weight_decay=-1.0"),
+        ("train", ["--preflight", "--set", "model.layer_norm_eps=0"], "model.layer_norm_eps=0.0"),
+        ("train", ["--preflight", "--eval-batches", "0"], "train.eval_batches=0: must be a positive integer"),
+        # item 8: sampling settings are checked before the checkpoint is even opened
+        ("utils.generate", ["missing", "--temperature", "nan"], "--temperature nan: must be a number >= 0"),
+        ("utils.generate", ["missing", "--temperature", "-1"], "--temperature -1.0: must be a number >= 0"),
+        ("utils.generate", ["missing", "--top-k", "-5"], "--top-k -5: must be an integer >= 0"),
+        ("utils.generate", ["missing", "--max-new-tokens", "0"], "--max-new-tokens 0: must be a positive integer"),
+        ("utils.generate", ["missing", "--seed", str(2**64)], "must be an integer from 0 to 2**63 - 1"),
+        ("train", ["--preflight", "--seed", str(2**32)], f"train.seed={2**32}: must be below 2**32"),
+    ]
+    results = run_cli_cases([(m, argv) for m, argv, _ in cases], tmp_path)
+    for (module, argv, message), (code, err) in zip(cases, results):
+        assert_one_error_line(code, err, message, f"{module} {' '.join(argv)}")
+    assert {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*")} == before  # nothing written or changed
+
+
+@pytest.mark.parametrize("eval_batches", ["0", "x"])
+def test_eval_batches_flag_reaches_the_config(eval_batches):
+    import train
+    from configs.presets import resolve_config
+    from utils.errors import PiconeoxError
+
+    args = train.parse_args(["--eval-batches", "7"])
+    assert resolve_config("test", None, train.overrides_from_args(args)).train.eval_batches == 7
+    with pytest.raises(PiconeoxError, match="train.eval_batches"):
+        resolve_config("test", None, train.overrides_from_args(train.parse_args(["--eval-batches", eval_batches])))
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Each in-process run builds its own Accelerator."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, tiny_data, capsys, fresh_accelerate_state):
+    """Items 1, 11 and 8 on one tiny run (char tokenizer): refusal instead of a silent overwrite of best/, the eval
+    line's interval throughput, the venv's tensorboard and the next commands; utils.generate refuses data of
+    another tokenizer and prompt characters the char tokenizer would drop."""
+    import re
+
+    import train
+    from prepare_data import prepare
+    from tests.test_train import TINY
+    from utils import generate
+
+    data = prepare(["demo"], name="demo-char-p5", out_dir=tmp_path / "data", tokenizer="char", dataset_percent=5)
+    argv = [*TINY, "--data", str(data), "--output-dir", str(tmp_path / "ckpt"), "--log-dir", str(tmp_path / "logs"),
+            "--run-name", "r", "--max-steps", "4", "--eval-every", "2", "--save-every", "4"]
+    assert train.main(argv) == 0
+    log = (tmp_path / "logs" / "r" / "training.log").read_text()
+    assert f"{Path(sys.executable).parent / 'tensorboard'}" in log or ".venv/bin/tensorboard --logdir" in log
+    assert "next:" in log and "-m utils.generate" in log and str(tmp_path / "ckpt" / "r" / "best") in log
+    # eval line at step 4: tokens of steps 3-4 over their summed step times, not step 4's own rate
+    history = json.loads((tmp_path / "logs" / "r" / "history.json").read_text())
+    times = {h["step"]: h["train/step_time_s"] for h in history if "train/step_time_s" in h}
+    tokens_per_step = 4 * 32
+    shown = int(re.findall(r"step 4: .*?, ([\d,]+) tok/s", log)[0].replace(",", ""))
+    assert abs(shown - 2 * tokens_per_step / (times[3] + times[4])) <= 1
+
+    best = tmp_path / "ckpt" / "r" / "best"
+    before = {p.name: p.read_bytes() for p in best.iterdir()}
+    capsys.readouterr()
+    for flags in (["--preflight"], []):  # the launcher's check, and train.py run directly
+        assert train.main(argv + flags) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "--resume auto" in err and "--run-name" in err and len(err.splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in best.iterdir()} == before
+
+    assert generate.main([str(best), "--eval-data", str(tiny_data), "--eval-batches", "1"]) == 2
+    assert "was tokenized with another tokenizer than the checkpoint's" in capsys.readouterr().err
+    assert generate.main([str(best), "--eval-data", str(data), "--eval-batches", "1", "--batch-size", "1"]) == 0
+    assert "perplexity" in capsys.readouterr().out
+    assert generate.main([str(best), "--prompt", "Once upon a time \u2603", "--max-new-tokens", "2"]) == 2
+    assert "has characters this checkpoint's tokenizer does not know ('\u2603')" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tokenizer,extra,copies,busy_when,delay", [
+    # inside the BPE training (Rust, fed from its own thread): Ctrl-C used to wait until all text was read
+    ("bpe", ["--vocab-size", "300", "--retrain-tokenizer"], 40, "read for tokenizer:", 3.0),
+    ("byte", ["--workers", "2"], 40, "tokenize d:", 1.0),  # while the worker pool tokenizes
+])
+def test_ctrl_c_during_prepare_stops_at_once_and_keeps_the_old_dataset(tmp_path, shared_data, tokenizer, extra,
+                                                                       copies, busy_when, delay):
+    from prepare_data import prepare
+
+    old = prepare(["demo"], "d", tmp_path / "data", tokenizer, 300 if tokenizer == "bpe" else None, dataset_percent=5)
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(copies):  # 1.4 MB of real stories each: many seconds of work that Ctrl-C must cut short
+        (src / f"part{i:02d}.txt").symlink_to(shared_data / "tinystories" / "tinystories_10k.txt")
+    proc = subprocess.Popen([sys.executable, str(REPO / "prepare_data.py"), str(src), "--name", "d", "--out-dir",
+                             str(tmp_path / "data"), "--tokenizer", tokenizer, *extra], cwd=tmp_path,
+                            env={k: v for k, v in os.environ.items() if k != "TOKENIZERS_PARALLELISM"},  # as users run it
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    err = bytearray()
+
+    def read_stderr():
+        while chunk := os.read(proc.stderr.fileno(), 4096):
+            err.extend(chunk)
+
+    reader = threading.Thread(target=read_stderr)
+    reader.start()
+    deadline = time.time() + 120
+    while busy_when.encode() not in err and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(delay)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("prepare_data.py still running 5 s after Ctrl-C")
+    reader.join()
+    text = err.decode()
+    assert proc.returncode == 130 and "Traceback" not in text, text[-2000:]
+    assert text.strip().endswith(f"error: interrupted; {old} is as it was before")
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before  # no .staging, nothing changed
+
+
+@pytest.mark.parametrize("script,args,message", [
+    ("start_training.sh", ["--config", "test", "--gpus", "99999999999999999999"], "--gpus '99999999999999999999' is not a whole number"),
+    ("start_training.sh", ["--config", "test", "--gpus", "0", "--", "--bogus"], "unrecognized arguments: --bogus"),
+    ("start_training.sh", ["--config", "test", "--gpus", "0", "--", "--set", "train.beta2=5"], "train.beta2=5.0"),
+    ("setup.sh", ["--bogus"], "unknown option '--bogus'"),
+])
+def test_shell_clis_refuse_bad_values_with_one_line(tmp_path, script, args, message):
+    proc = subprocess.run(["bash", str(REPO / script), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PICONEOX_FAKE_GPUS": "0"})
+    assert_one_error_line(proc.returncode, proc.stderr, message, script)
+    assert len(proc.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
