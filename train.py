@@ -195,19 +195,21 @@ def check_resumable(resumed: dict | None, resume_from, cfg, data_dir: Path) -> s
     return verify_dataset(data_dir, expected_tokenizer_sha256=expected_tokenizer).tokenizer_sha256
 
 
-def agreed_time_up(time_up: bool, accelerator) -> bool:
-    """Whether any rank reached the time limit: clocks differ, and all ranks must leave the loop together."""
-    if accelerator.num_processes == 1:
-        return time_up
-    import torch
+def batch_for_world(tc, world: int, resumed: dict | None):
+    """The recipe's batch on `world` processes; a resume keeps the checkpoint's tokens per step (older
+    checkpoints without train.global_batch_tokens tell it by tokens seen per step)."""
+    fixed = None
+    if resumed:
+        trainer = resumed["trainer"]
+        fixed = resumed["run_config"]["train"].get("global_batch_tokens") or (
+            trainer["tokens_seen"] // trainer["step"] if trainer["step"] else None)
+    return tc.for_world(world, fixed_global_batch=fixed)
 
-    return bool(accelerator.reduce(torch.tensor(int(time_up), device=accelerator.device), "max").item())
 
-
-def evaluate(model, val_loader, num_batches: int, accelerator, stop=None) -> float | None:
+def evaluate(model, val_loader, num_batches: int, accelerator, vote=None) -> float | None:
     """Mean cross-entropy over the first `num_batches` validation batches, averaged over ranks.
 
-    `stop` (a StopRequest) is checked before every batch; None is returned when the ranks agreed to stop.
+    `vote` (a StopVote) is asked before every batch; None is returned when the ranks agreed to stop.
     """
     import torch
 
@@ -215,16 +217,23 @@ def evaluate(model, val_loader, num_batches: int, accelerator, stop=None) -> flo
     total = torch.zeros((), device=accelerator.device)
     count = 0
     with torch.no_grad():
-        for x, y in val_loader.eval_batches(num_batches):
-            if stop is not None and stop.agreed(accelerator):
+        for batch in val_loader.eval_batches(num_batches):
+            if vote is not None and vote():
                 break
             with accelerator.autocast():
-                total += lm_loss(model, x.to(accelerator.device), y.to(accelerator.device))
+                total += lm_loss(model, *to_device(batch, accelerator.device))
             count += 1
     model.train()
-    if stop is not None and stop.stopping:
+    if vote is not None and vote.stopping:
         return None
     return accelerator.reduce(total / max(count, 1), "mean").item()
+
+
+def to_device(batch, device):
+    """A loader batch on `device`: on CUDA through pinned memory, asynchronously (no wait for the copy)."""
+    if device.type != "cuda":
+        return batch
+    return tuple(t.pin_memory().to(device, non_blocking=True) for t in batch)
 
 
 def lm_loss(model, x, y):
@@ -280,7 +289,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
     from utils import resume
-    from utils.preemption import StopRequest
+    from utils.preemption import StopRequest, StopVote
     from utils.storage import open_storage
     from utils.tokenizers import load_tokenizer
     from utils.uploader import CheckpointUploader, SaveRequest, UploadFailed
@@ -329,6 +338,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
                               args.grace_seconds, log)
     resumed = ckpt.load_common(resume_from, rank) if resume_from else None
     tokenizer_sha256 = check_resumable(resumed, resume_from, cfg, data_dir)
+    tc = batch_for_world(tc, world, resumed)
+    cfg = replace(cfg, train=tc)
 
     model = build_model(cfg.model)  # a resume loads its weights after prepare(), each rank only its shard
     if use_activation_checkpointing(cfg, accelerator, cuda):
@@ -343,12 +354,15 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     if args.micro_batch_size == "auto":
         if cuda:
             found = torch.tensor(-find_micro_batch(model, tc.seq_len, accelerator), device=accelerator.device)
-            # the smallest over ranks: the loader's rank split needs one batch size everywhere
-            tc = replace(tc, micro_batch_size=-int(accelerator.reduce(found, "max").item()))
+            # the smallest over ranks (the loader's rank split needs one batch size everywhere) that divides the global batch
+            fits = tc.largest_micro_batch(world, limit=-int(accelerator.reduce(found, "max").item()))
+            tc = replace(tc, micro_batch_size=fits).for_world(world, fixed_global_batch=tc.global_batch_tokens)
             train_loader, val_loader = make_loaders(tc.micro_batch_size)
             cfg = replace(cfg, train=tc)
         log.info(f"--batch-size auto: micro batch {tc.micro_batch_size}"
                  + ("" if cuda else " (no CUDA: the preset's size; auto needs a GPU to measure)"))
+    log.info(f"global batch {tc.global_batch_tokens:,} tokens per step = micro batch {tc.micro_batch_size} x "
+             f"{tc.grad_accum_steps} accumulation x {world} process(es) x {tc.seq_len} tokens")
     optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
     scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
     model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
@@ -395,13 +409,14 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         if uploader.fatal:
             stop.request(uploader.fatal)
 
-    tokens_per_step = tc.micro_batch_size * tc.grad_accum_steps * world * tc.seq_len
     flops_per_token = model_flops_per_token(cfg.model, tc.seq_len)
     peak = peak_flops(torch.cuda.get_device_name() if cuda else None, tc.mixed_precision)
     deadline = time.time() + tc.max_training_hours * 3600 - state.train_seconds if tc.max_training_hours else math.inf
+    vote = StopVote(stop, accelerator, deadline)  # signals on any rank, the time limit on rank 0's clock
     batches = iter(train_loader)
     bar = ProgressBar(tc.max_steps, state.step, is_main)
     recent_losses: collections.deque[float] = collections.deque(maxlen=100)  # for the bar's running average
+    window = (time.time(), state.step)  # steps since the last loss read, for tokens/s
     stop_reason = "max steps reached"
     cleanup.enter_context(stop)  # SIGTERM/SIGINT now only ask for a clean stop
     model.train()
@@ -411,16 +426,16 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         step_start = (train_loader.state_dict(), ckpt.rng_state()) if tc.grad_accum_steps > 1 else None
         loss_sum = torch.zeros((), device=accelerator.device)
         for micro in range(tc.grad_accum_steps):
-            if stop.agreed(accelerator):
+            if vote():
                 break
-            x, y = next(batches)
+            x, y = to_device(next(batches), accelerator.device)
             sync_ctx = accelerator.no_sync(model) if micro < tc.grad_accum_steps - 1 else contextlib.nullcontext()
             with sync_ctx:
                 with accelerator.autocast():
-                    loss = lm_loss(model, x.to(accelerator.device), y.to(accelerator.device))
+                    loss = lm_loss(model, x, y)
                 accelerator.backward(loss / tc.grad_accum_steps)
             loss_sum += loss.detach()
-        if stop.stopping:  # drop the unfinished step: a resume reads its batches again
+        if vote.stopping:  # drop the unfinished step: a resume reads its batches again
             if step_start is not None:
                 train_loader.load_state_dict(step_start[0])
                 ckpt.set_rng_state(step_start[1])
@@ -431,27 +446,33 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
-        state.tokens_seen += tokens_per_step
-
+        state.tokens_seen += tc.global_batch_tokens
+        state.train_seconds += time.time() - t0
+        bar.update(1)
+        logging_due = state.step % tc.log_every == 0 or state.step == tc.max_steps
+        eval_due = state.step % tc.eval_every == 0 or state.step == tc.max_steps
+        save_due = state.step % tc.save_every == 0
+        if not (logging_due or eval_due or save_due):
+            continue  # no host sync on other steps: the GPU keeps its queue of work
         loss = accelerator.reduce(loss_sum / tc.grad_accum_steps, "mean").item()
         if not math.isfinite(loss):
             raise TrainingDiverged(f"loss is {loss} at step {state.step}; stopped without saving "
                                    f"(the last good checkpoint is {ckpt.latest_complete(run_dir) or 'none'})")
-        dt = time.time() - t0
-        state.train_seconds += dt
+        dt = (time.time() - window[0]) / (state.step - window[1])  # per step, GPU work included since .item() waited
+        window = (time.time(), state.step)
         recent_losses.append(loss)
         lr = scheduler.get_last_lr()[0]
-        tok_s = tokens_per_step / dt
-        bar.update(1, loss=loss, avg_loss=sum(recent_losses) / len(recent_losses), lr=lr, tok_s=tok_s)
-        if state.step % tc.log_every == 0 or state.step == tc.max_steps:
+        tok_s = tc.global_batch_tokens / dt
+        bar.update(0, loss=loss, avg_loss=sum(recent_losses) / len(recent_losses), lr=lr, tok_s=tok_s)
+        if logging_due:
             metrics.scalars(state.step, {
                 "train/loss": loss, "train/lr": lr, "train/grad_norm": float(grad_norm), "train/step_time_s": dt,
                 "train/tokens_per_s": tok_s, "train/tokens_per_s_per_device": tok_s / world,
                 "train/mfu": mfu(tok_s / world, flops_per_token, peak), **gpu_stats()})
             log.debug(f"step {state.step} loss {loss:.6f} lr {lr:.3e}")
 
-        if state.step % tc.eval_every == 0 or state.step == tc.max_steps:
-            val = evaluate(model, val_loader, tc.eval_batches, accelerator, stop)
+        if eval_due:
+            val = evaluate(model, val_loader, tc.eval_batches, accelerator, vote)
             if val is None:  # stopped inside the evaluation
                 break
             metrics.scalars(state.step, {"val/loss": val, "val/perplexity": math.exp(min(val, 50))})
@@ -468,26 +489,27 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
             if tc.patience and state.evals_without_improvement >= tc.patience:
                 stop_reason = f"early stopping: no val improvement in {tc.patience} evaluations"
                 break
-        if state.step % tc.save_every == 0:
+        if save_due:
             save(run_dir / ckpt.step_dir_name(state.step))
         check_uploads()  # every rank: all get the same outcomes, so a fatal failure stops them at the same save
-        if deadline < math.inf and agreed_time_up(time.time() >= deadline, accelerator):
-            stop_reason = f"time limit of {tc.max_training_hours:g} h reached"
-            break
     bar.close()
-    if stop.stopping:
+    vote.close()
+    preempted = vote.stopping and not vote.time_up  # a signal or upload failures: the grace budget applies
+    if vote.time_up:
+        stop_reason = f"time limit of {tc.max_training_hours:g} h reached"
+    elif preempted:
         stop_reason = f"{stop.reason}; stopped cleanly"
         log.info(f"{stop.reason}: saving step {state.step} and flushing uploads (grace {stop.grace_seconds:g} s)")
 
     last = run_dir / ckpt.step_dir_name(state.step)
     if saved_step != state.step:  # breaks (early stop, signal) can come before a due save
         save(last)
-    if not stop.stopping:  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
+    if not preempted:  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
         log_sample(accelerator.unwrap_model(model, keep_torch_compile=False), tokenizer, args.sample_prompt, tc.seed, log)
     uploader.close(timeout=stop.remaining())  # every rank's saver; no limit unless stopping on a signal
     check_uploads()
     if is_main:
-        publish_final(last, run_dir / "final", consolidate=not stop.stopping, log=log)
+        publish_final(last, run_dir / "final", consolidate=not preempted, log=log)
         metrics.save_history(log_dir / "history.json")
         metrics.plot(log_dir / "loss.png")
         metrics.close()

@@ -85,9 +85,11 @@ def test_only_the_main_process_writes(two_and_one):
 
 @pytest.mark.parametrize("first,then", [("two", 1), ("one", 2)])
 def test_resume_across_world_sizes_keeps_the_data_position(two_and_one, tiny_data, tmp_path, first, then):
-    """Resume a 2-process run on 1 process and a 1-process run on 2: same losses, same tokens seen."""
+    """Resume a 2-process run on 1 process and a 1-process run (micro batch 8) on 2, with micro batch 4: the
+    checkpoint's 8 blocks per step are kept (accumulation 2 and 1): same losses, same tokens seen."""
     src = two_and_one[first][0] / "ckpt" / "run" / "step-00000006"
-    losses, _ = launch(tmp_path, tiny_data, then, 8 // then, "--resume", str(src))
+    losses, proc = launch(tmp_path, tiny_data, then, 4, "--resume", str(src))
+    assert f"global batch 256 tokens per step = micro batch 4 x {2 // then} accumulation" in proc.stderr
     straight = two_and_one[first][1]
     assert len(losses) == 12  # steps 1-6 from the checkpoint's history, 7-12 resumed
     assert max(abs(a - b) for a, b in zip(losses[6:], straight[6:])) < 1e-4
