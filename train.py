@@ -32,8 +32,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", help="`auto` (latest complete checkpoint of this run, local or in --checkpoint-bucket, "
                    "if any), a checkpoint/run path, or gs://bucket/prefix/<run>[/step-XXXXXXXX]")
     p.add_argument("--print-plan", action="store_true", help="print parameters, batch, tokens and memory per GPU, then exit")
-    p.add_argument("--preflight", action="store_true", help="only check the settings, --data and --resume, then exit "
-                   "(start_training.sh runs this first, so a mistake costs one line, not a launcher traceback)")
+    p.add_argument("--preflight", action="store_true", help="only check the settings, --data, --resume and gs:// settings, "
+                   "sync a gs:// --data into data/gcs-cache/<host>/ and print that folder, then exit (start_training.sh "
+                   "runs this first, once per machine: a mistake costs one line, and no rank waits for a download)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan (default 1)")
     p.add_argument("--no-background-upload", action="store_true", help="write and upload checkpoints synchronously")
     p.add_argument("--checkpoint-bucket", metavar="URL", help="also upload checkpoints to URL/<run>/step-XXXXXXXX/ (gs://bucket/prefix or a directory)")
@@ -95,14 +96,22 @@ class TrainerState:
             setattr(self, k, math.inf if (k == "best_val_loss" and v is None) else v)
 
 
+DATA_CACHE = Path("data") / "gcs-cache"  # gs:// datasets land in DATA_CACHE/<host>/<bucket>/<prefix>
+
+
 def check_data_arg(train_cfg) -> Path | None:
     """Validate --data without reading it: the local dataset directory, or None for `demo` and gs://."""
+    from utils.storage import parse_gs_url
+
     data = train_cfg.data
     if not data:
         raise PiconeoxError("no dataset: this preset needs --data DIR (prepare one with prepare_data.py) or --data gs://...")
-    if data == "demo" or data.startswith("gs://"):
+    if data == "demo":
         return None
-    out = Path(data)
+    if data.startswith("gs://"):
+        parse_gs_url(data)  # a bad bucket name or prefix is one line before the launch
+        return None
+    out = Path(data.removeprefix("file://"))
     if not out.is_dir():
         raise PiconeoxError(f"--data {data}: no such directory (prepare one with prepare_data.py, or use `demo`)")
     if train_cfg.dataset_percent != 100:
@@ -111,8 +120,9 @@ def check_data_arg(train_cfg) -> Path | None:
     return out
 
 
-def prepare_data_dir(train_cfg, accelerator) -> Path:
-    """The local dataset directory: `demo` is prepared on first use, gs:// is synced; one process per machine first."""
+def prepare_data_dir(train_cfg, accelerator, credentials: str | None) -> Path:
+    """The local dataset directory: `demo` is prepared on first use (one process per machine first); gs:// is
+    synced here only by a single process: with more, start_training.sh syncs it before the launch."""
     local = check_data_arg(train_cfg)
     if local is not None:
         return local
@@ -127,25 +137,46 @@ def prepare_data_dir(train_cfg, accelerator) -> Path:
                 prepare(["demo"], name=out.name, out_dir=out.parent, tokenizer=train_cfg.tokenizer,
                         vocab_size=train_cfg.tokenizer_vocab, dataset_percent=train_cfg.dataset_percent)
         return out
+    if accelerator.num_processes > 1:  # a download inside the process group would hold every other rank
+        raise PiconeoxError(f"--data {train_cfg.data}: {accelerator.num_processes} processes cannot sync it; launch with "
+                            "./start_training.sh (it syncs once per machine first) or download it with "
+                            "download_training_data.py and pass the folder")
     from utils.sync import ensure_local
 
-    with accelerator.local_main_process_first():  # the first one downloads, the others find it verified
-        return ensure_local(train_cfg.data, Path("data") / "gcs-cache")
+    return ensure_local(train_cfg.data, DATA_CACHE, credentials)
 
 
-def preflight(args, cfg) -> None:
-    """The checks that need no GPU, no data loading and no network: settings, --data and --resume."""
+def check_gcs_settings(args, cfg) -> None:
+    """Every gs:// setting (--data, --checkpoint-bucket, --resume): the URL's shape, and credentials that
+    load (--credentials, GOOGLE_APPLICATION_CREDENTIALS or application-default ones). No bucket is read."""
+    from utils.storage import parse_gs_url, resolve_credentials
+
+    urls = [url for url in (cfg.train.data, args.checkpoint_bucket, args.resume) if url and url.startswith("gs://")]
+    for url in urls:
+        parse_gs_url(url)
+    if urls or args.credentials:
+        resolve_credentials(args.credentials)
+
+
+def preflight(args, cfg) -> Path | None:
+    """What runs before the launch: check the settings, --data, --resume and gs:// settings (no GPU, no
+    data loading), then sync a gs:// --data into this machine's cache and return that folder."""
     from utils import checkpoint as ckpt
     from utils.distributed import check_timeout
     from utils.preemption import StopRequest
+    from utils.sync import ensure_local
     from utils.uploader import CheckpointUploader
 
     check_data_arg(cfg.train)
     check_timeout(args.collective_timeout_minutes)
     StopRequest(args.grace_seconds)  # validates the grace period
     CheckpointUploader.check_settings(bool(args.checkpoint_bucket), cfg.train.keep_last, args.max_upload_failures)
+    check_gcs_settings(args, cfg)
     if args.resume and args.resume != "auto" and not args.resume.startswith("gs://"):
         ckpt.resolve_resume(Path(args.resume), warn=lambda _: None)
+    if cfg.train.data.startswith("gs://"):
+        return ensure_local(cfg.train.data, DATA_CACHE, args.credentials)
+    return None
 
 
 def publish_final(last: Path, final: Path, consolidate: bool, log) -> None:
@@ -269,7 +300,9 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
 
     cfg = resolve_config(args.config, args.config_file, overrides_from_args(args))
     if args.preflight:
-        preflight(args, cfg)
+        synced = preflight(args, cfg)
+        if synced is not None:
+            print(synced)  # start_training.sh passes this folder as the run's --data
         return 0
     if args.print_plan:
         from utils.plan import format_plan, plan
@@ -291,6 +324,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from utils import resume
     from utils.preemption import StopRequest, StopVote
     from utils.storage import open_storage
+    from utils.sync import host_dir
     from utils.tokenizers import load_tokenizer
     from utils.uploader import CheckpointUploader, SaveRequest, UploadFailed
 
@@ -302,7 +336,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     set_seed(tc.seed)
 
     # Data first: it decides the vocabulary.
-    data_dir = prepare_data_dir(tc, accelerator)
+    data_dir = prepare_data_dir(tc, accelerator, args.credentials)
     tokenizer = load_tokenizer(data_dir)
     rank, world = accelerator.process_index, accelerator.num_processes
 
@@ -326,7 +360,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     bucket = None
     if args.checkpoint_bucket:
         bucket = open_storage(args.checkpoint_bucket, args.credentials, timeout_s=args.grace_seconds).child(run)
-    remote_cache = Path(args.output_dir) / ".remote-cache"
+    remote_cache = host_dir(Path(args.output_dir) / ".remote-cache")  # machines may share output_dir
     # Every rank writes and uploads its own shard on its own thread; rank 0 completes each checkpoint.
     uploader = cleanup.enter_context(CheckpointUploader(
         bucket, keep_remote=tc.keep_last, keep_local=tc.keep_last, max_failures=args.max_upload_failures,

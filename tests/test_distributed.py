@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,17 @@ def test_fsdp2_matches_ddp_with_the_same_global_batch(fsdp_two, two_and_one):
     _, fsdp_losses, _ = fsdp_two
     _, ddp_losses, _ = two_and_one["two"]
     assert max(abs(a - b) for a, b in zip(fsdp_losses, ddp_losses)) < 1e-4
+
+
+def test_launcher_syncs_gs_data_once_per_machine_before_the_launch(tmp_path, tiny_data, gcs_emulator):
+    """--data gs://: start_training.sh syncs it into this host's cache before `accelerate launch`, outside any
+    process group, and both ranks read that folder (train.py refuses to sync with more than one process)."""
+    from utils.storage import open_storage
+    from utils.sync import upload_tree
+
+    upload_tree(tiny_data, open_storage(gcs_emulator.url("data/tiny"), timeout_s=5), progress=False)
+    _, proc = launch(tmp_path, gcs_emulator.url("data/tiny"), 2, 4, "--max-steps", "2")
+    local = f"data/gcs-cache/{socket.gethostname()}/{gcs_emulator.bucket}/data/tiny"
+    assert f"data synced to {local}; running:" in proc.stdout
+    assert f"data {local} (vocab 256" in (tmp_path / "logs" / "run" / "training.log").read_text()
+    assert (tmp_path / local / "manifest.json").is_file()
