@@ -547,7 +547,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         metrics.save_history(log_dir / "history.json")
         metrics.plot(log_dir / "loss.png")
         metrics.close()
-        log.info(f"stopped at step {state.step}: {stop_reason}; best val loss {state.best_val_loss:.4f}")
+        log.info(f"stopped at step {state.step}: {stop_reason}; best val loss {state.best_val_loss:.4f}"
+                 + (f"; peak GPU memory {torch.cuda.max_memory_allocated() / 1e9:.1f} GB" if cuda else ""))
         log.info(f"checkpoints in {run_dir}, logs in {log_dir} (tensorboard --logdir {args.log_dir})")
     accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     accelerator.end_training()

@@ -125,6 +125,7 @@ def test_fsdp2_run_ends_cleanly_with_its_sample(fsdp_two):
     out, losses, proc = fsdp_two
     log = (out / "logs" / "run" / "training.log").read_text()
     assert "(FSDP2 fully_shard)" in log
+    assert "collective timeout 60 min" in log  # read back from the gloo group: the flag's default, not torch's 30
     assert "sample:\nOnce upon a time" in log
     assert len(losses) == 12
     assert ckpt.check_complete(out / "ckpt" / "run" / "final") is None

@@ -282,3 +282,10 @@ def test_gs_settings_are_refused_before_the_launch(tmp_path):
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.startswith("error: ") and message in proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_gpu_check_refuses_a_machine_without_a_gpu():
+    proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == ("error: benchmarks/gpu_check.sh measures a CUDA GPU and torch sees none on this machine; "
+                           "run it on a GPU machine\n")
