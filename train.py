@@ -456,6 +456,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     model.train()
     while state.step < tc.max_steps:
         t0 = time.time()
+        check_uploads()  # finished saves; too many failures become a stop request that the vote spreads to all ranks
         # Only a stop between micro-steps leaves a half-done step to rewind; with one micro-step there is none.
         step_start = (train_loader.state_dict(), ckpt.rng_state()) if tc.grad_accum_steps > 1 else None
         loss_sum = torch.zeros((), device=accelerator.device)
@@ -525,7 +526,6 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
                 break
         if save_due:
             save(run_dir / ckpt.step_dir_name(state.step))
-        check_uploads()  # every rank: all get the same outcomes, so a fatal failure stops them at the same save
     bar.close()
     vote.close()
     preempted = vote.stopping and not vote.time_up  # a signal or upload failures: the grace budget applies
