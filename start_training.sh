@@ -7,19 +7,24 @@ usage() {
   cat <<'EOF'
 usage: ./start_training.sh --config NAME [--gpus N] [--procs N] [--resume X] [--max-steps N]
                            [--no-background-upload] [--mixed-precision no|fp16|bf16] [--data DIR_OR_SOURCE]
+                           [--credentials KEY.json]
                            [--num-machines N --machine-rank R --main-process-ip IP [--main-process-port P]]
                            [--accelerate-config FILE] [--dry-run] [-- extra train.py flags]
 
 Runs train.py under `accelerate launch` and prints the exact line first.
 
   --config NAME            preset (train.py lists the valid ones)
-  --gpus N                 GPUs per machine; 0 = CPU. Default: every visible GPU (CPU when none)
+  --gpus N                 GPUs per machine; 0 = CPU. Default: every GPU torch sees (CPU when none).
+                           N > 0 with fewer GPUs visible to torch is an error (e.g. a CPU-only torch build)
   --procs N                CPU only: N processes talking over gloo (default 1)
   --resume X               auto or a checkpoint folder (passed to train.py)
   --max-steps N            passed to train.py
   --no-background-upload   passed to train.py
   --mixed-precision M      no, fp16 or bf16 (to train.py, and to accelerate on GPUs)
-  --data D                 prepared dataset dir, gs://bucket/prefix, or demo (passed to train.py)
+  --data D                 prepared dataset dir (or file:///dir), gs://bucket/prefix, or demo (passed to
+                           train.py). gs:// is synced once per machine before the launch, into
+                           data/gcs-cache/<host>/<bucket>/<prefix>, and train.py reads that folder
+  --credentials F          service-account JSON key for gs:// (the data sync and train.py)
   --num-machines N         machines in the job (num_processes = gpus x machines)
   --machine-rank R         this machine's rank, 0..N-1 (needed with --num-machines > 1)
   --main-process-ip IP     address of rank 0 (needed with --num-machines > 1)
@@ -36,7 +41,8 @@ and this script waits for them and exits 0 after a clean stop (a second Ctrl-C s
 several processes torchrun kills workers still running TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds later
 (default here 120; keep it above train.py's --grace-seconds).
 
-Test hook: PICONEOX_FAKE_GPUS=N pretends N CUDA GPUs are visible (to check GPU lines on a CPU box).
+Test hooks: PICONEOX_FAKE_GPUS=N pretends N CUDA GPUs are visible (to check GPU lines on a CPU box);
+PICONEOX_CPU_FSDP=1 shards for real over gloo when an FSDP --accelerate-config runs on CPU (--procs N).
 EOF
 }
 
@@ -60,14 +66,14 @@ while [ $# -gt 0 ]; do
     --dry-run) dry_run=1; shift; continue ;;
     --no-background-upload) train_args+=(--no-background-upload); shift; continue ;;
     --) shift; break ;;
-    --config|--gpus|--procs|--resume|--max-steps|--mixed-precision|--data|--num-machines|--machine-rank|\
+    --config|--gpus|--procs|--resume|--max-steps|--mixed-precision|--data|--credentials|--num-machines|--machine-rank|\
     --main-process-ip|--main-process-port|--accelerate-config)
       [ $# -ge 2 ] && [[ "$2" != --* ]] || die "$opt needs a value (see --help)" ;;
     *) die "unknown option '$opt' (see --help)" ;;
   esac
   val=$2
   case "$opt" in
-    --config|--resume|--max-steps|--data) train_args+=("$opt" "$val") ;;
+    --config|--resume|--max-steps|--data|--credentials) train_args+=("$opt" "$val") ;;
     --mixed-precision)
       [[ "$val" =~ ^(no|fp16|bf16)$ ]] || die "--mixed-precision '$val' is not allowed (allowed: no, fp16, bf16)"
       mp=$val; train_args+=(--mixed-precision "$val") ;;
@@ -86,28 +92,31 @@ done
 extra_args=("$@")
 [[ " ${train_args[*]} " == *" --config "* ]] || die "missing --config NAME (see --help)"
 
-# How many CUDA GPUs this machine shows: nvidia-smi -L, narrowed by CUDA_VISIBLE_DEVICES.
+# How many CUDA GPUs the run can use: what torch sees (CUDA_VISIBLE_DEVICES applies). nvidia-smi only
+# explains a zero: GPUs present but a CPU-only torch build, or no driver at all.
 visible_gpus() {
   if [ -n "${PICONEOX_FAKE_GPUS+x}" ]; then
     [[ "$PICONEOX_FAKE_GPUS" =~ ^[0-9]+$ ]] || die "PICONEOX_FAKE_GPUS '$PICONEOX_FAKE_GPUS' is not a whole number >= 0"
     echo "$PICONEOX_FAKE_GPUS"; return
   fi
-  local n=0
-  command -v nvidia-smi >/dev/null && n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-  if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
-    local ids=${CUDA_VISIBLE_DEVICES//,/ } listed
-    listed=$(wc -w <<<"$ids")
-    [[ "$CUDA_VISIBLE_DEVICES" == -1* ]] && listed=0
-    [ "$listed" -lt "$n" ] && n=$listed
-  fi
-  echo "$n"
+  "$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0
 }
 
-present=$(visible_gpus)
+# Why torch sees no GPU, for the error line.
+no_gpu_reason() {
+  local listed=0
+  command -v nvidia-smi >/dev/null && listed=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  if [ "$listed" -gt 0 ]; then
+    echo "nvidia-smi lists $listed GPU(s) but torch sees none: install the CUDA build of torch (README: GPU machines)"
+  else
+    echo "no CUDA GPU is visible (no nvidia-smi GPUs, torch.cuda.device_count() is 0)"
+  fi
+}
+
+if [ "${gpus:-}" != 0 ]; then present=$(visible_gpus); else present=0; fi
 [ -z "$gpus" ] && gpus=$present
 if [ "$gpus" -gt 0 ] && [ "$present" -eq 0 ]; then
-  echo "note: --gpus $gpus asked but no CUDA GPU is visible; running on CPU" >&2
-  gpus=0
+  die "--gpus $gpus asked but $(no_gpu_reason); use --gpus 0 to train on the CPU"
 fi
 [ "$gpus" -le "$present" ] || die "--gpus $gpus asked but only $present CUDA GPU(s) are visible"
 [ "$gpus" -gt 0 ] && [ -n "$procs" ] && [ "$procs" -ne 1 ] \
@@ -173,9 +182,14 @@ line=$(printf '%q ' "${envs[@]}" "${cmd[@]}")
 echo "${line% }"
 [ "$dry_run" -eq 1 ] && exit 0
 
-# Bad settings, a missing dataset or resume path: one line from train.py now, not a traceback from the
-# launcher after the workers started.
-"$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --preflight || exit $?
+# Bad settings, a missing dataset or resume path, bad gs:// settings: one line from train.py now, not a
+# traceback from the launcher after the workers started. A gs:// --data is synced here, once per machine and
+# outside any process group (no rank waits on it); the preflight prints the local folder the run then reads.
+synced=$("$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --preflight) || exit $?
+if [ -n "$synced" ]; then
+  cmd+=(--data "$synced")
+  echo "data synced to $synced; running: $(printf '%q ' "${envs[@]}" "${cmd[@]}")"
+fi
 
 # Run as a child in its own process group, so a terminal's Ctrl-C reaches only this script, and forward
 # Ctrl-C/SIGTERM to the training processes themselves (the launcher's children): each saves and exits 0,

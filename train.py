@@ -34,8 +34,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", help="`auto` (latest complete checkpoint of this run, local or in --checkpoint-bucket, "
                    "if any), a checkpoint/run path, or gs://bucket/prefix/<run>[/step-XXXXXXXX]")
     p.add_argument("--print-plan", action="store_true", help="print parameters, batch, tokens and memory per GPU, then exit")
-    p.add_argument("--preflight", action="store_true", help="only check the settings, --data and --resume, then exit "
-                   "(start_training.sh runs this first, so a mistake costs one line, not a launcher traceback)")
+    p.add_argument("--preflight", action="store_true", help="only check the settings, --data, --resume and gs:// settings, "
+                   "sync a gs:// --data into data/gcs-cache/<host>/ and print that folder, then exit (start_training.sh "
+                   "runs this first, once per machine: a mistake costs one line, and no rank waits for a download)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan (default 1)")
     p.add_argument("--no-background-upload", action="store_true", help="write and upload checkpoints synchronously")
     p.add_argument("--checkpoint-bucket", metavar="URL", help="also upload checkpoints to URL/<run>/step-XXXXXXXX/ (gs://bucket/prefix or a directory)")
@@ -101,14 +102,22 @@ class TrainerState:
             setattr(self, k, math.inf if (k == "best_val_loss" and v is None) else v)
 
 
+DATA_CACHE = Path("data") / "gcs-cache"  # gs:// datasets land in DATA_CACHE/<host>/<bucket>/<prefix>
+
+
 def check_data_arg(train_cfg) -> Path | None:
     """Validate --data without reading it: the local dataset directory, or None for `demo` and gs://."""
+    from utils.storage import parse_gs_url
+
     data = train_cfg.data
     if not data:
         raise PiconeoxError("no dataset: this preset needs --data DIR (prepare one with prepare_data.py) or --data gs://...")
-    if data == "demo" or data.startswith("gs://"):
+    if data == "demo":
         return None
-    out = Path(data)
+    if data.startswith("gs://"):
+        parse_gs_url(data)  # a bad bucket name or prefix is one line before the launch
+        return None
+    out = Path(data.removeprefix("file://"))
     if out.is_file():  # a text file: it needs preparing first
         raise PiconeoxError(f"--data {data} is a file; prepare it first with `python prepare_data.py {data} --name {out.stem} "
                             f"--tokenizer {train_cfg.tokenizer}`, then pass --data data/{out.stem}")
@@ -152,8 +161,9 @@ def check_new_run(args, run_dir: Path, log_dir: Path) -> None:
                                 "(after `--` for start_training.sh) to start a new one beside it")
 
 
-def prepare_data_dir(train_cfg, accelerator) -> Path:
-    """The local dataset directory: `demo` is prepared on first use, gs:// is synced; one process per machine first."""
+def prepare_data_dir(train_cfg, accelerator, credentials: str | None) -> Path:
+    """The local dataset directory: `demo` is prepared on first use (one process per machine first); gs:// is
+    synced here only by a single process: with more, start_training.sh syncs it before the launch."""
     from utils.shards import verify_dataset
 
     local = check_data_arg(train_cfg)
@@ -170,10 +180,13 @@ def prepare_data_dir(train_cfg, accelerator) -> Path:
                 prepare(["demo"], name=out.name, out_dir=out.parent, tokenizer=train_cfg.tokenizer,
                         vocab_size=train_cfg.tokenizer_vocab, dataset_percent=train_cfg.dataset_percent)
         return out
+    if accelerator.num_processes > 1:  # a download inside the process group would hold every other rank
+        raise PiconeoxError(f"--data {train_cfg.data}: {accelerator.num_processes} processes cannot sync it; launch with "
+                            "./start_training.sh (it syncs once per machine first) or download it with "
+                            "download_training_data.py and pass the folder")
     from utils.sync import ensure_local
 
-    with accelerator.local_main_process_first():  # the first one downloads, the others find it verified
-        return ensure_local(train_cfg.data, Path("data") / "gcs-cache")
+    return ensure_local(train_cfg.data, DATA_CACHE, credentials)
 
 
 def with_init_from(args, cfg):
@@ -198,12 +211,26 @@ def build_initial_model(cfg, resume_from: Path | None, pretrained, shapes_only: 
     return build_model(cfg.model, shapes_only=shapes_only)
 
 
-def preflight(args, cfg, pretrained) -> None:
-    """The checks that need no GPU and no network: settings, output folders, --data (verified), --init-from and --resume."""
+def check_gcs_settings(args, cfg) -> None:
+    """Every gs:// setting (--data, --checkpoint-bucket, --resume): the URL's shape, and credentials that
+    load (--credentials, GOOGLE_APPLICATION_CREDENTIALS or application-default ones). No bucket is read."""
+    from utils.storage import parse_gs_url, resolve_credentials
+
+    urls = [url for url in (cfg.train.data, args.checkpoint_bucket, args.resume) if url and url.startswith("gs://")]
+    for url in urls:
+        parse_gs_url(url)
+    if urls or args.credentials:
+        resolve_credentials(args.credentials)
+
+
+def preflight(args, cfg, pretrained) -> Path | None:
+    """What runs before the launch: check the settings, output folders, --data (verified), --init-from, --resume
+    and gs:// settings (no GPU), then sync a gs:// --data into this machine's cache and return that folder."""
     from utils import checkpoint as ckpt
     from utils.distributed import check_timeout
     from utils.preemption import StopRequest
     from utils.shards import verify_dataset
+    from utils.sync import ensure_local
     from utils.uploader import CheckpointUploader
 
     if (local := check_data_arg(cfg.train)) is not None:
@@ -214,8 +241,12 @@ def preflight(args, cfg, pretrained) -> None:
     check_new_run(args, *run_dirs(args, cfg)[1:])
     StopRequest(args.grace_seconds)  # validates the grace period
     CheckpointUploader.check_settings(bool(args.checkpoint_bucket), cfg.train.keep_last, args.max_upload_failures)
+    check_gcs_settings(args, cfg)
     if args.resume and args.resume != "auto" and not args.resume.startswith("gs://"):
         ckpt.resolve_resume(Path(args.resume), warn=lambda _: None)
+    if cfg.train.data.startswith("gs://"):
+        return ensure_local(cfg.train.data, DATA_CACHE, args.credentials)
+    return None
 
 
 def weights_come_from_rank0(accelerator) -> bool:
@@ -272,19 +303,21 @@ def check_resumable(resumed: dict | None, resume_from, cfg, data_dir: Path) -> s
     return verify_dataset(data_dir, expected_tokenizer_sha256=expected_tokenizer).tokenizer_sha256
 
 
-def agreed_time_up(time_up: bool, accelerator) -> bool:
-    """Whether any rank reached the time limit: clocks differ, and all ranks must leave the loop together."""
-    if accelerator.num_processes == 1:
-        return time_up
-    import torch
+def batch_for_world(tc, world: int, resumed: dict | None):
+    """The recipe's batch on `world` processes; a resume keeps the checkpoint's tokens per step (older
+    checkpoints without train.global_batch_tokens tell it by tokens seen per step)."""
+    fixed = None
+    if resumed:
+        trainer = resumed["trainer"]
+        fixed = resumed["run_config"]["train"].get("global_batch_tokens") or (
+            trainer["tokens_seen"] // trainer["step"] if trainer["step"] else None)
+    return tc.for_world(world, fixed_global_batch=fixed)
 
-    return bool(accelerator.reduce(torch.tensor(int(time_up), device=accelerator.device), "max").item())
 
-
-def evaluate(model, val_loader, num_batches: int, accelerator, stop=None) -> float | None:
+def evaluate(model, val_loader, num_batches: int, accelerator, vote=None) -> float | None:
     """Mean cross-entropy over the first `num_batches` validation batches, averaged over ranks.
 
-    `stop` (a StopRequest) is checked before every batch; None is returned when the ranks agreed to stop.
+    `vote` (a StopVote) is asked before every batch; None is returned when the ranks agreed to stop.
     """
     import torch
 
@@ -292,16 +325,23 @@ def evaluate(model, val_loader, num_batches: int, accelerator, stop=None) -> flo
     total = torch.zeros((), device=accelerator.device)
     count = 0
     with torch.no_grad():
-        for x, y in val_loader.eval_batches(num_batches):
-            if stop is not None and stop.agreed(accelerator):
+        for batch in val_loader.eval_batches(num_batches):
+            if vote is not None and vote():
                 break
             with accelerator.autocast():
-                total += lm_loss(model, x.to(accelerator.device), y.to(accelerator.device))
+                total += lm_loss(model, *to_device(batch, accelerator.device))
             count += 1
     model.train()
-    if stop is not None and stop.stopping:
+    if vote is not None and vote.stopping:
         return None
     return accelerator.reduce(total / max(count, 1), "mean").item()
+
+
+def to_device(batch, device):
+    """A loader batch on `device`: on CUDA through pinned memory, asynchronously (no wait for the copy)."""
+    if device.type != "cuda":
+        return batch
+    return tuple(t.pin_memory().to(device, non_blocking=True) for t in batch)
 
 
 def lm_loss(model, x, y):
@@ -339,7 +379,9 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     cfg, pretrained = with_init_from(args, resolve_config(args.config, args.config_file, overrides_from_args(args)))
     report_to = parse_report_to(args.report_to)
     if args.preflight:
-        preflight(args, cfg, pretrained)
+        synced = preflight(args, cfg, pretrained)
+        if synced is not None:
+            print(synced)  # start_training.sh passes this folder as the run's --data
         return 0
     if args.print_plan:
         from utils.plan import format_plan, plan
@@ -359,8 +401,9 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
     from utils import resume
-    from utils.preemption import StopRequest
+    from utils.preemption import StopRequest, StopVote
     from utils.storage import open_storage
+    from utils.sync import host_dir
     from utils.tokenizers import load_tokenizer
     from utils.uploader import CheckpointUploader, SaveRequest, UploadFailed
 
@@ -372,7 +415,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     set_seed(tc.seed)
 
     # Data first: it decides the vocabulary.
-    data_dir = prepare_data_dir(tc, accelerator)
+    data_dir = prepare_data_dir(tc, accelerator, args.credentials)
     tokenizer = pretrained.load_tokenizer() if pretrained else load_tokenizer(data_dir)
     rank, world = accelerator.process_index, accelerator.num_processes
 
@@ -409,7 +452,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     bucket = None
     if args.checkpoint_bucket:
         bucket = open_storage(args.checkpoint_bucket, args.credentials, timeout_s=args.grace_seconds).child(run)
-    remote_cache = Path(args.output_dir) / ".remote-cache"
+    remote_cache = host_dir(Path(args.output_dir) / ".remote-cache")  # machines may share output_dir
     # Every rank writes and uploads its own shard on its own thread; rank 0 completes each checkpoint.
     uploader = cleanup.enter_context(CheckpointUploader(
         bucket, keep_remote=tc.keep_last, keep_local=tc.keep_last, max_failures=args.max_upload_failures,
@@ -425,6 +468,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         pretrained.check_dataset(data_dir, tokenizer_sha256)
         log.info(f"--init-from {pretrained.path}: model shape from its config.json ({pretrained.describe()}), not the "
                  f"preset's model section" + ("" if resume_from else "; its weights and tokenizer, a fresh optimizer"))
+    tc = batch_for_world(tc, world, resumed)
+    cfg = replace(cfg, train=tc)
 
     # A resume loads its weights after prepare(), each rank only its shard.
     model = build_initial_model(cfg, resume_from, pretrained, shapes_only=weights_come_from_rank0(accelerator))
@@ -444,12 +489,15 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         if cuda:  # ranks holding shapes only cannot probe: they leave the choice to the others
             probed = 1 << 30 if shapes_only else find_micro_batch(model, tc.seq_len, accelerator)
             found = torch.tensor(-probed, device=accelerator.device)
-            # the smallest over ranks: the loader's rank split needs one batch size everywhere
-            tc = replace(tc, micro_batch_size=-int(accelerator.reduce(found, "max").item()))
+            # the smallest over ranks (the loader's rank split needs one batch size everywhere) that divides the global batch
+            fits = tc.largest_micro_batch(world, limit=-int(accelerator.reduce(found, "max").item()))
+            tc = replace(tc, micro_batch_size=fits).for_world(world, fixed_global_batch=tc.global_batch_tokens)
             train_loader, val_loader = make_loaders(tc.micro_batch_size)
             cfg = replace(cfg, train=tc)
         log.info(f"--batch-size auto: micro batch {tc.micro_batch_size}"
                  + ("" if cuda else " (no CUDA: the preset's size; auto needs a GPU to measure)"))
+    log.info(f"global batch {tc.global_batch_tokens:,} tokens per step = micro batch {tc.micro_batch_size} x "
+             f"{tc.grad_accum_steps} accumulation x {world} process(es) x {tc.seq_len} tokens")
     optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
     scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
     model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
@@ -499,33 +547,34 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         if uploader.fatal:
             stop.request(uploader.fatal)
 
-    tokens_per_step = tc.micro_batch_size * tc.grad_accum_steps * world * tc.seq_len
     flops_per_token = model_flops_per_token(cfg.model, tc.seq_len)
     peak = peak_flops(torch.cuda.get_device_name() if cuda else None, tc.mixed_precision)
     deadline = time.time() + tc.max_training_hours * 3600 - state.train_seconds if tc.max_training_hours else math.inf
+    vote = StopVote(stop, accelerator, deadline)  # signals on any rank, the time limit on rank 0's clock
     batches = iter(train_loader)
     bar = ProgressBar(tc.max_steps, state.step, is_main)
     recent_losses: collections.deque[float] = collections.deque(maxlen=100)  # for the bar's running average
-    interval_tokens, interval_seconds = 0, 0.0  # for the eval line's throughput
+    window = (time.time(), state.step)  # steps since the last loss read, for tokens/s
     stop_reason = "max steps reached"
     cleanup.enter_context(stop)  # SIGTERM/SIGINT now only ask for a clean stop
     model.train()
     while state.step < tc.max_steps:
         t0 = time.time()
+        check_uploads()  # finished saves; too many failures become a stop request that the vote spreads to all ranks
         # Only a stop between micro-steps leaves a half-done step to rewind; with one micro-step there is none.
         step_start = (train_loader.state_dict(), ckpt.rng_state()) if tc.grad_accum_steps > 1 else None
         loss_sum = torch.zeros((), device=accelerator.device)
         for micro in range(tc.grad_accum_steps):
-            if stop.agreed(accelerator):
+            if vote():
                 break
-            x, y = next(batches)
+            x, y = to_device(next(batches), accelerator.device)
             sync_ctx = accelerator.no_sync(model) if micro < tc.grad_accum_steps - 1 else contextlib.nullcontext()
             with sync_ctx:
                 with accelerator.autocast():
-                    loss = lm_loss(model, x.to(accelerator.device), y.to(accelerator.device))
+                    loss = lm_loss(model, x, y)
                 accelerator.backward(loss / tc.grad_accum_steps)
             loss_sum += loss.detach()
-        if stop.stopping:  # drop the unfinished step: a resume reads its batches again
+        if vote.stopping:  # drop the unfinished step: a resume reads its batches again
             if step_start is not None:
                 train_loader.load_state_dict(step_start[0])
                 ckpt.set_rng_state(step_start[1])
@@ -536,28 +585,33 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
-        state.tokens_seen += tokens_per_step
-
+        state.tokens_seen += tc.global_batch_tokens
+        state.train_seconds += time.time() - t0
+        bar.update(1)
+        logging_due = state.step % tc.log_every == 0 or state.step == tc.max_steps
+        eval_due = state.step % tc.eval_every == 0 or state.step == tc.max_steps
+        save_due = state.step % tc.save_every == 0
+        if not (logging_due or eval_due or save_due):
+            continue  # no host sync on other steps: the GPU keeps its queue of work
         loss = accelerator.reduce(loss_sum / tc.grad_accum_steps, "mean").item()
         if not math.isfinite(loss):
             raise TrainingDiverged(f"loss is {loss} at step {state.step}; stopped without saving "
                                    f"(the last good checkpoint is {ckpt.latest_complete(run_dir) or 'none'})")
-        dt = time.time() - t0
-        state.train_seconds += dt
+        dt = (time.time() - window[0]) / (state.step - window[1])  # per step, GPU work included since .item() waited
+        window = (time.time(), state.step)
         recent_losses.append(loss)
         lr = scheduler.get_last_lr()[0]
-        tok_s = tokens_per_step / dt
-        interval_tokens, interval_seconds = interval_tokens + tokens_per_step, interval_seconds + dt
-        bar.update(1, loss=loss, avg_loss=sum(recent_losses) / len(recent_losses), lr=lr, tok_s=tok_s)
-        if state.step % tc.log_every == 0 or state.step == tc.max_steps:
+        tok_s = tc.global_batch_tokens / dt
+        bar.update(0, loss=loss, avg_loss=sum(recent_losses) / len(recent_losses), lr=lr, tok_s=tok_s)
+        if logging_due:
             metrics.scalars(state.step, {
                 "train/loss": loss, "train/lr": lr, "train/grad_norm": float(grad_norm), "train/step_time_s": dt,
                 "train/tokens_per_s": tok_s, "train/tokens_per_s_per_device": tok_s / world,
                 "train/mfu": mfu(tok_s / world, flops_per_token, peak), **gpu_stats()})
             log.debug(f"step {state.step} loss {loss:.6f} lr {lr:.3e}")
 
-        if state.step % tc.eval_every == 0 or state.step == tc.max_steps:
-            val = evaluate(model, val_loader, tc.eval_batches, accelerator, stop)
+        if eval_due:
+            val = evaluate(model, val_loader, tc.eval_batches, accelerator, vote)
             if val is None:  # stopped inside the evaluation
                 break
             metrics.scalars(state.step, {"val/loss": val, "val/perplexity": math.exp(min(val, 50))})
@@ -576,14 +630,14 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
             if tc.patience and state.evals_without_improvement >= tc.patience:
                 stop_reason = f"early stopping: no val improvement in {tc.patience} evaluations"
                 break
-        if state.step % tc.save_every == 0:
+        if save_due:
             save(run_dir / ckpt.step_dir_name(state.step))
-        check_uploads()  # every rank: all get the same outcomes, so a fatal failure stops them at the same save
-        if deadline < math.inf and agreed_time_up(time.time() >= deadline, accelerator):
-            stop_reason = f"time limit of {tc.max_training_hours:g} h reached"
-            break
     bar.close()
-    if stop.stopping:
+    vote.close()
+    preempted = vote.stopping and not vote.time_up  # a signal or upload failures: the grace budget applies
+    if vote.time_up:
+        stop_reason = f"time limit of {tc.max_training_hours:g} h reached"
+    elif preempted:
         stop_reason = f"{stop.reason}; stopped cleanly"
         log.info(f"{stop.reason}: saving step {state.step} and flushing uploads (grace {stop.grace_seconds:g} s)")
 
@@ -591,15 +645,16 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     if saved_step != state.step:  # breaks (early stop, signal) can come before a due save
         save(last)
     sample = None
-    if not stop.stopping:  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
+    if not preempted:  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
         sample = log_sample(accelerator.unwrap_model(model, keep_torch_compile=False), tokenizer, args.sample_prompt, tc.seed, log)
     uploader.close(timeout=stop.remaining())  # every rank's saver; no limit unless stopping on a signal
     check_uploads()
     if is_main:
-        publish_final(last, run_dir / "final", consolidate=not stop.stopping, log=log)
+        publish_final(last, run_dir / "final", consolidate=not preempted, log=log)
         metrics.save_history(log_dir / "history.json")
         metrics.plot(log_dir / "loss.png")
-        log.info(f"stopped at step {state.step}: {stop_reason}; best val loss {state.best_val_loss:.4f}")
+        log.info(f"stopped at step {state.step}: {stop_reason}; best val loss {state.best_val_loss:.4f}"
+                 + (f"; peak GPU memory {torch.cuda.max_memory_allocated() / 1e9:.1f} GB" if cuda else ""))
         log.info(f"checkpoints in {run_dir}, logs in {log_dir} ({shown_path(Path(sys.executable).parent / 'tensorboard')} "
                  f"--logdir {args.log_dir})")
         log.info(next_commands(cfg.preset, run_dir, stopped=stop.stopping))

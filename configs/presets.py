@@ -53,9 +53,10 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
                warmup_steps=20, eval_every=50, eval_batches=10, save_every=100),
     "small": _T(tokenizer="bpe", tokenizer_vocab=896, seq_len=256, micro_batch_size=8, max_steps=5000,
                 learning_rate=6e-4, warmup_steps=200, eval_every=250, save_every=500),
-    # GPT-NeoX 1.2B on GPUs: bring a prepared dataset (--data); 0.5M tokens per optimizer step on 8 GPUs.
+    # GPT-NeoX 1.2B on GPUs: bring a prepared dataset (--data); 0.5M tokens per optimizer step on any number
+    # of GPUs (accumulation 8 on 8 GPUs, 4 on two machines of 8, 64 on one).
     "production": _T(data="", tokenizer="bpe", tokenizer_vocab=50257, seq_len=2048, micro_batch_size=4,
-                     grad_accum_steps=8, max_steps=100_000, learning_rate=2e-4, warmup_steps=2000,
+                     global_batch_tokens=524_288, max_steps=100_000, learning_rate=2e-4, warmup_steps=2000,
                      eval_every=1000, eval_batches=50, save_every=1000, keep_last=3, mixed_precision="bf16",
                      activation_checkpointing="auto"),
     # nanoGPT's train_shakespeare_char CPU recipe (batch 12, block 64, 2000 iters, lr 1e-3, beta2 0.99), on

@@ -1,7 +1,7 @@
 """Training settings: a typed, validated dataclass. Presets live in configs/presets.py."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from configs.base import ConfigBase
 from utils.errors import PiconeoxError
@@ -15,8 +15,8 @@ TOKENIZERS = ("char", "byte", "bpe")
 class TrainConfig(ConfigBase):
     """How to train: data, batch, optimizer, schedule, evaluation, checkpoints and limits.
 
-    Batch sizes are per process; the global batch in tokens is
-    `micro_batch_size * grad_accum_steps * world_size * seq_len`.
+    Batch sizes are per process. The global batch (tokens per optimizer step, over all processes) is
+    fixed for the whole run, whatever the number of processes: see `global_batch_tokens` and `for_world`.
     """
 
     SECTION = "train"
@@ -32,6 +32,12 @@ class TrainConfig(ConfigBase):
     seq_len: int = 256
     micro_batch_size: int = 8
     grad_accum_steps: int = 1
+    """Micro-steps per optimizer step; derived from global_batch_tokens when that is set."""
+    global_batch_tokens: int = 0
+    """Tokens per optimizer step over all processes. Set: grad_accum_steps is derived as
+    global_batch_tokens / (micro_batch_size * seq_len * processes), so more GPUs mean less accumulation,
+    not a bigger batch. 0: micro_batch_size * grad_accum_steps * seq_len * processes at the run's start.
+    Either way a resume keeps the checkpoint's global batch on any number of processes."""
     max_steps: int = 1000
     learning_rate: float = 1e-3
     min_lr_ratio: float = 0.1
@@ -62,7 +68,7 @@ class TrainConfig(ConfigBase):
         """Raise PiconeoxError (one line) for a bad value; return self."""
         self.check_ints(("seq_len", "micro_batch_size", "grad_accum_steps", "max_steps", "eval_every", "eval_batches",
                          "save_every", "keep_last", "log_every"), 1)
-        self.check_ints(("warmup_steps", "patience", "seed"), 0)
+        self.check_ints(("warmup_steps", "patience", "seed", "global_batch_tokens"), 0)
         if self.seed >= 2**32:  # numpy's seeds end there
             raise PiconeoxError(f"train.seed={self.seed}: must be below 2**32 = {2**32}")
         self.check_float("learning_rate", lambda v: v > 0, "a number > 0")
@@ -87,3 +93,35 @@ class TrainConfig(ConfigBase):
             raise PiconeoxError(f"train.tokenizer_vocab={self.tokenizer_vocab!r}: only for tokenizer bpe "
                                 f"(this run's {self.tokenizer} tokenizer sizes itself; set it to null)")
         return self
+
+    def for_world(self, world_size: int, fixed_global_batch: int | None = None) -> "TrainConfig":
+        """This recipe on `world_size` processes: global_batch_tokens filled in, grad_accum_steps derived.
+
+        `fixed_global_batch` (a resumed checkpoint's tokens per step, or this run's after --batch-size auto)
+        is kept, so a resume on another number of processes keeps the schedule. One PiconeoxError line when the global batch is not
+        a whole number of micro batches on every process, or a setting contradicts it.
+        """
+        target = fixed_global_batch or self.global_batch_tokens
+        if fixed_global_batch and self.global_batch_tokens not in (0, fixed_global_batch):
+            raise PiconeoxError(
+                f"train.global_batch_tokens={self.global_batch_tokens:,}: the checkpoint trained with {fixed_global_batch:,} "
+                "tokens per step, and a resume keeps its global batch; drop the setting")
+        if not target:
+            return replace(self, global_batch_tokens=self.micro_batch_size * self.grad_accum_steps * self.seq_len * world_size)
+        per_micro_step = self.micro_batch_size * self.seq_len * world_size
+        accum, rest = divmod(target, per_micro_step)
+        if rest or accum < 1:
+            raise PiconeoxError(
+                f"train.global_batch_tokens={target:,} is not a whole multiple of micro_batch_size x seq_len x processes "
+                f"= {self.micro_batch_size} x {self.seq_len} x {world_size} = {per_micro_step:,} tokens; change the micro "
+                "batch (--batch-size) or the global batch")
+        if self.global_batch_tokens and not fixed_global_batch and self.grad_accum_steps not in (1, accum):
+            raise PiconeoxError(
+                f"train.grad_accum_steps={self.grad_accum_steps} disagrees with train.global_batch_tokens="
+                f"{target:,}, which needs {accum} on {world_size} process(es); set only one of them")
+        return replace(self, global_batch_tokens=target, grad_accum_steps=accum)
+
+    def largest_micro_batch(self, world_size: int, limit: int) -> int:
+        """The largest micro batch <= `limit` that divides the global batch's sequences per process (>= 1)."""
+        per_process = self.global_batch_tokens // (self.seq_len * world_size)
+        return max((b for b in range(1, min(limit, per_process) + 1) if per_process % b == 0), default=1)

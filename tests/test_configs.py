@@ -78,3 +78,21 @@ def test_bad_yaml_file(tmp_path):
         resolve_config("test", str(f))
     with pytest.raises(PiconeoxError, match="does not exist"):
         resolve_config("test", str(tmp_path / "missing.yaml"))
+
+
+def test_global_batch_fixes_accumulation_per_world_size():
+    from configs.training import TrainConfig
+
+    tc = TrainConfig(seq_len=32, micro_batch_size=4, global_batch_tokens=512)
+    assert [tc.for_world(w).grad_accum_steps for w in (1, 2, 4)] == [4, 2, 1]
+    with pytest.raises(PiconeoxError, match="512 is not a whole multiple of .* = 4 x 32 x 8 = 1,024"):
+        tc.for_world(8)
+    with pytest.raises(PiconeoxError, match="grad_accum_steps=3 disagrees with train.global_batch_tokens=512, which needs 2"):
+        TrainConfig(seq_len=32, micro_batch_size=4, grad_accum_steps=3, global_batch_tokens=512).for_world(2)
+    # Unset: the batch at the run's start (micro x accum x seq x world), then kept by a resume elsewhere.
+    started = TrainConfig(seq_len=32, micro_batch_size=4, grad_accum_steps=1).for_world(2)
+    assert started.global_batch_tokens == 256
+    assert TrainConfig(seq_len=32, micro_batch_size=4).for_world(1, fixed_global_batch=256).grad_accum_steps == 2
+    with pytest.raises(PiconeoxError, match="checkpoint trained with 256 tokens per step"):
+        tc.for_world(1, fixed_global_batch=256)
+    assert TrainConfig(seq_len=32, global_batch_tokens=32 * 12).largest_micro_batch(world_size=2, limit=5) == 3

@@ -89,9 +89,11 @@ def test_only_the_main_process_writes(two_and_one):
 
 @pytest.mark.parametrize("first,then", [("two", 1), ("one", 2)])
 def test_resume_across_world_sizes_keeps_the_data_position(two_and_one, tiny_data, tmp_path, first, then):
-    """Resume a 2-process run on 1 process and a 1-process run on 2: same losses, same tokens seen."""
+    """Resume a 2-process run on 1 process and a 1-process run (micro batch 8) on 2, with micro batch 4: the
+    checkpoint's 8 blocks per step are kept (accumulation 2 and 1): same losses, same tokens seen."""
     src = two_and_one[first][0] / "ckpt" / "run" / "step-00000006"
-    losses, _ = launch(tmp_path, tiny_data, then, 8 // then, "--resume", str(src))
+    losses, proc = launch(tmp_path, tiny_data, then, 4, "--resume", str(src))
+    assert f"global batch 256 tokens per step = micro batch 4 x {2 // then} accumulation" in proc.stderr
     straight = two_and_one[first][1]
     assert len(losses) == 12  # steps 1-6 from the checkpoint's history, 7-12 resumed
     assert max(abs(a - b) for a, b in zip(losses[6:], straight[6:])) < 1e-4
@@ -126,6 +128,7 @@ def test_fsdp2_run_ends_cleanly_with_its_sample(fsdp_two):
     out, losses, proc = fsdp_two
     log = (out / "logs" / "run" / "training.log").read_text()
     assert "(FSDP2 fully_shard)" in log
+    assert "collective timeout 60 min" in log  # read back from the gloo group: the flag's default, not torch's 30
     assert "sample:\nOnce upon a time" in log
     assert len(losses) == 12
     assert ckpt.check_complete(out / "ckpt" / "run" / "final") is None
@@ -223,3 +226,17 @@ def test_two_machines_resume_auto_from_the_same_step_after_one_disk_is_wiped(two
         [ckpt.step_dir_name(step)]
     history = json.loads((tmp_path / "machine0" / "logs" / "run" / "history.json").read_text())
     assert [r["train/loss"] for r in history if "train/loss" in r] == straight
+
+
+def test_launcher_syncs_gs_data_once_per_machine_before_the_launch(tmp_path, tiny_data, gcs_emulator):
+    """--data gs://: start_training.sh syncs it into this host's cache before `accelerate launch`, outside any
+    process group, and both ranks read that folder (train.py refuses to sync with more than one process)."""
+    from utils.storage import open_storage
+    from utils.sync import upload_tree
+
+    upload_tree(tiny_data, open_storage(gcs_emulator.url("data/tiny"), timeout_s=5), progress=False)
+    _, proc = launch(tmp_path, gcs_emulator.url("data/tiny"), 2, 4, "--max-steps", "2")
+    local = f"data/gcs-cache/{socket.gethostname()}/{gcs_emulator.bucket}/data/tiny"
+    assert f"data synced to {local}; running:" in proc.stdout
+    assert f"data {local} (vocab 256" in (tmp_path / "logs" / "run" / "training.log").read_text()
+    assert (tmp_path / local / "manifest.json").is_file()

@@ -65,11 +65,30 @@ def test_procs_2_uses_the_gloo_recipe_not_cpu_flag():
     assert envs["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 2))
 
 
-def test_no_cuda_visible_falls_back_to_cpu_with_a_note():
-    result = dry_run("--config", "test", "--gpus", "1", fake_gpus=0)
-    assert result.returncode == 0
-    assert "no CUDA GPU is visible" in result.stderr
-    assert parse_line(result.stdout.strip())[1].cpu
+def test_gpus_asked_with_no_gpu_visible_is_an_error_not_a_cpu_run():
+    result = dry_run("--config", "test", "--gpus", "8", fake_gpus=0)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: --gpus 8 asked but no CUDA GPU is visible")
+    assert result.stderr.rstrip().endswith("use --gpus 0 to train on the CPU")
+
+
+def test_gpus_asked_but_torch_sees_none_is_an_error(tmp_path):
+    """nvidia-smi lists GPUs but this torch (the CPU build here) sees none: an error, not a silent CPU run."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_smi = bin_dir / "nvidia-smi"
+    fake_smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\necho 'GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1)'\n")
+    fake_smi.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PICONEOX_FAKE_GPUS"}
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    result = subprocess.run(["bash", str(LAUNCHER), "--dry-run", "--config", "small", "--gpus", "2"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == ("error: --gpus 2 asked but nvidia-smi lists 2 GPU(s) but torch sees none: install the "
+                             "CUDA build of torch (README: GPU machines); use --gpus 0 to train on the CPU\n")
+    default = subprocess.run(["bash", str(LAUNCHER), "--dry-run", "--config", "small"], capture_output=True, text=True,
+                             env=env, timeout=60)
+    assert default.returncode == 0 and parse_line(default.stdout.strip())[1].cpu  # no --gpus: what torch sees
 
 
 def test_gpus_1_is_a_single_gpu_process():
@@ -89,9 +108,10 @@ def test_gpus_8_is_ddp_with_mixed_precision_on_both_sides():
 
 def test_train_flags_map_in_order_and_extras_pass_verbatim():
     _, _, train = launched("--config", "test", "--gpus", "0", "--resume", "auto", "--max-steps", "5",
-                           "--data", "gs://b/data/x", "--no-background-upload", "--", "--compile", "off", "--x=a b")
+                           "--data", "gs://b/data/x", "--credentials", "k.json", "--no-background-upload", "--",
+                           "--compile", "off", "--x=a b")
     assert train == ["--config", "test", "--resume", "auto", "--max-steps", "5", "--data", "gs://b/data/x",
-                     "--no-background-upload", "--compile", "off", "--x=a b"]
+                     "--credentials", "k.json", "--no-background-upload", "--compile", "off", "--x=a b"]
 
 
 def test_multi_node_flags_pass_through_and_count_all_processes():
@@ -138,7 +158,8 @@ def test_bad_input_is_one_error_line_and_exit_2(args, fake, message):
 def test_help_documents_flags_and_the_fake_gpu_hook():
     result = subprocess.run(["bash", str(LAUNCHER), "--help"], capture_output=True, text=True)
     assert result.returncode == 0
-    for flag in ("--procs", "--num-machines", "--accelerate-config", "--dry-run", "PICONEOX_FAKE_GPUS"):
+    for flag in ("--procs", "--num-machines", "--accelerate-config", "--dry-run", "--credentials", "PICONEOX_FAKE_GPUS",
+                 "PICONEOX_CPU_FSDP"):
         assert flag in result.stdout
 
 
@@ -247,3 +268,25 @@ def test_user_mistakes_stop_at_the_preflight_with_one_line(tmp_path):
         assert proc.returncode == 2
         assert proc.stderr.startswith("error: ") and message in proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_gs_settings_are_refused_before_the_launch(tmp_path):
+    """A bad bucket name or unusable credentials: one line from the preflight, before any worker starts."""
+    for extra, message in (
+        (["--data", "gs://Bad_Bucket/data"], "bad bucket name 'Bad_Bucket'"),
+        (["--data", "gs://piconeox-data/tiny", "--credentials", str(tmp_path / "key.json")],
+         f"credentials file {tmp_path / 'key.json'} (from --credentials) does not exist"),
+        (["--", "--checkpoint-bucket", "gs://x/ckpt"], "bad bucket name 'x'"),
+    ):
+        proc = subprocess.run([str(LAUNCHER), "--config", "test", "--gpus", "0", "--procs", "2", *extra], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("error: ") and message in proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_gpu_check_refuses_a_machine_without_a_gpu():
+    proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == ("error: benchmarks/gpu_check.sh measures a CUDA GPU and torch sees none on this machine; "
+                           "run it on a GPU machine\n")

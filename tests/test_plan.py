@@ -65,3 +65,16 @@ def test_vocab_comes_from_the_tokenizer_when_given():
 def test_negative_gpus_is_a_user_error():
     with pytest.raises(PiconeoxError, match="--gpus -1"):
         plan(resolve_config("test"), gpus=-1)
+
+
+@pytest.mark.parametrize("gpus, accum", [(1, 64), (8, 8), (16, 4), (64, 1)])
+def test_production_keeps_its_global_batch_on_any_gpu_count(gpus, accum):
+    """Tokens per step are the recipe's, not a product that grows with the world size."""
+    p = plan(resolve_config("production"), gpus=gpus)
+    assert (p.batch_tokens, p.grad_accum_steps) == (524_288, accum)
+
+
+def test_a_global_batch_that_does_not_divide_is_one_error_line():
+    with pytest.raises(PiconeoxError, match=r"train.global_batch_tokens=524,288 is not a whole multiple of "
+                                            r"micro_batch_size x seq_len x processes = 4 x 2048 x 3 = 24,576"):
+        plan(resolve_config("production"), gpus=3)

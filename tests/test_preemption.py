@@ -33,25 +33,36 @@ def test_signal_sets_the_flag_and_handlers_come_back():
 
 
 RANKS_SCRIPT = r"""
-import json, os, signal
+import json, math, os, signal, sys, time
 import torch
 from accelerate import Accelerator
-from utils.preemption import StopRequest
+from utils.preemption import StopRequest, StopVote
 
+mode = sys.argv[1]
 accelerator = Accelerator(cpu=True)
+rank = accelerator.process_index
 stop = StopRequest(5).install()
+deadline = math.inf
+if mode == "clock":  # rank 1's clock is past the limit from the start; rank 0's passes it at call 7
+    deadline = time.time() + 3600 if rank == 0 else 0.0
+vote = StopVote(stop, accelerator, deadline)
 for micro in range(1000):
-    if accelerator.process_index == 1 and micro == 7:
+    if mode == "signal" and rank == 1 and micro == 7:
         os.kill(os.getpid(), signal.SIGTERM)  # only rank 1 is told
-    if stop.agreed(accelerator):
+    if mode == "clock" and rank == 0 and micro == 7:
+        vote.deadline = 0.0
+    if vote():
         break
-print(json.dumps({"rank": accelerator.process_index, "stopped_at": micro, "reason": stop.reason}))
+vote.close()
+print(json.dumps({"rank": rank, "stopped_at": micro, "reason": stop.reason, "time_up": vote.time_up,
+                  "backend": torch.distributed.get_backend(vote._group)}))
 accelerator.wait_for_everyone()
 torch.distributed.destroy_process_group()  # without it gloo may abort at exit when the other rank is gone first
 """
 
 
-def test_two_ranks_stop_at_the_same_micro_step():
+def two_ranks(mode: str) -> list[dict]:
+    """RANKS_SCRIPT on two gloo ranks; each rank's report, rank 0 first."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -59,13 +70,27 @@ def test_two_ranks_stop_at_the_same_micro_step():
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-        procs.append(subprocess.Popen([sys.executable, "-c", RANKS_SCRIPT], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen([sys.executable, "-c", RANKS_SCRIPT, mode], cwd=REPO, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    results = sorted((json.loads(out.strip().splitlines()[-1]) for out, _ in outs), key=lambda r: r["rank"])
-    assert [r["stopped_at"] for r in results] == [7, 7]
+    return sorted((json.loads(out.strip().splitlines()[-1]) for out, _ in outs), key=lambda r: r["rank"])
+
+
+def test_two_ranks_stop_at_the_same_micro_step_one_step_after_the_signal():
+    """The vote is an asynchronous all-reduce on a CPU (gloo) group, read at the next micro-step: on a GPU
+    box reading it never waits for the GPU, and both ranks still leave at the same micro-step."""
+    results = two_ranks("signal")
+    assert [r["stopped_at"] for r in results] == [8, 8]
     assert [r["reason"] for r in results] == ["another rank was asked to stop", "SIGTERM received"]
+    assert [r["backend"] for r in results] == ["gloo", "gloo"] and not any(r["time_up"] for r in results)
+
+
+def test_only_rank_0_clock_decides_the_time_limit():
+    """Rank 1's clock is far past the limit, rank 0's is not: nobody stops until rank 0's time is up."""
+    results = two_ranks("clock")
+    assert [r["stopped_at"] for r in results] == [8, 8]
+    assert all(r["time_up"] and r["reason"] is None for r in results)
 
 
 def signal_on_forward(monkeypatch, call: int) -> None:

@@ -241,3 +241,9 @@ def test_rotate_also_removes_leftovers_of_interrupted_writes(tmp_path):
     (tmp_path / ".step-00000003.tmp").mkdir()  # newer than the cutoff: kept
     ckpt.rotate(tmp_path, keep_last=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".step-00000003.tmp", "step-00000002", "step-00000003"]
+
+
+def test_data_as_a_file_url(tmp_path, tiny_data):
+    """README promises that any dataset location may be a file:///path."""
+    code, losses, _ = run(tmp_path, f"file://{tiny_data}", "--max-steps", "2", "--eval-every", "2")
+    assert code == 0 and len(losses) == 2

@@ -53,6 +53,7 @@ def make_accelerator(mixed_precision: str, cuda: bool, timeout_minutes: float):
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
+    check_timeout(timeout_minutes)
     if mixed_precision == "fp16" and not cuda:
         raise PiconeoxError("--mixed-precision fp16 needs a CUDA GPU; on CPU use bf16 or no")
     plugin = fsdp_plugin(mixed_precision)

@@ -1,15 +1,15 @@
 """Clean stops on SIGTERM/SIGINT: save, flush the upload and exit 0 within a grace budget.
 
 Preemptible VMs get SIGTERM about 30 s before they vanish; Ctrl-C sends SIGINT. The handler only sets a
-flag (little else is safe inside a signal handler); the training loop looks at it every micro-step and
-inside evaluation, so a long gradient accumulation or eval never delays the stop by more than one
-forward/backward. Each rank may see the signal at a different moment, so the decision is all-reduced
-(max of a 0/1 flag) at the same point on every rank: all ranks stop at the same micro-step, and none
-is left waiting in a collective the others skipped.
+flag (little else is safe inside a signal handler). Each rank may see the signal at a different moment, so
+the training loop asks a `StopVote` at every micro-step and evaluation batch: it all-reduces the flags of
+all ranks in the background and answers one call later, so every rank stops at the same micro-step and
+none is left waiting in a collective the others skipped, without a host-device sync per micro-step.
 
     stop = StopRequest(grace_seconds=30).install()
+    vote = StopVote(stop, accelerator, deadline)
     for micro in range(accum):
-        if stop.agreed(accelerator):
+        if vote():
             break
     ...
     uploader.flush(timeout=stop.remaining())
@@ -78,22 +78,64 @@ class StopRequest:
         """Whether this process was asked to stop (the other ranks may not know yet)."""
         return self.reason is not None
 
-    def agreed(self, accelerator) -> bool:
-        """True when any rank was asked to stop. Every rank must call this at the same point of the loop."""
-        if not self.stopping:
-            if accelerator.num_processes == 1:
-                self.stopping = self.requested
-            else:
-                import torch
-
-                flag = torch.tensor(int(self.requested), device=accelerator.device)
-                self.stopping = bool(accelerator.reduce(flag, "max").item())
-                if self.stopping:
-                    self.request("another rank was asked to stop")
-        return self.stopping
-
     def remaining(self) -> float | None:
         """Seconds left of the grace budget; None when no stop was requested (no limit)."""
         if self._requested_at is None:
             return None
         return max(0.0, self.grace_seconds - (time.monotonic() - self._requested_at))
+
+
+class StopVote:
+    """Whether all ranks stop now: a signal or stop request on any rank, or rank 0's time limit.
+
+    Each call all-reduces (max) two flags of CPU tensors over a gloo group of its own: "this rank was asked
+    to stop" and "rank 0's clock passed `deadline`" (only rank 0's clock counts, so ranks never disagree
+    about time). The all-reduce runs in the background: a call returns the answer of the previous call and
+    starts the next one, so every rank stops at the same call, one call after the request, and no call
+    waits for a GPU. All ranks must call it at the same points of the loop.
+
+    stopping: True once agreed, identical on every rank. time_up: the agreed stop is rank 0's time limit.
+    """
+
+    def __init__(self, stop: StopRequest, accelerator, deadline: float = math.inf):
+        self.stop, self.deadline = stop, deadline
+        self.is_main = accelerator.is_main_process
+        self.stopping = self.time_up = False
+        self._group = self._pending = None
+        if accelerator.num_processes > 1:
+            import torch
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")  # CPU tensors: never a wait for the GPU stream
+            self._flags = torch.zeros(2, dtype=torch.int32)
+
+    def _local_flags(self) -> tuple[int, int]:
+        return int(self.stop.requested), int(self.is_main and time.time() >= self.deadline)
+
+    def __call__(self) -> bool:
+        if self.stopping:
+            return True
+        if self._group is None:  # one process: its own flags are the agreement
+            requested, self.time_up = self._local_flags()
+            self.stopping = bool(requested or self.time_up)
+            return self.stopping
+        import torch
+        import torch.distributed as dist
+
+        if self._pending is not None:
+            self._pending.wait()
+            requested, time_up = (bool(v) for v in self._flags.tolist())
+            if requested or time_up:
+                self.stopping, self.time_up = True, time_up and not requested
+                if requested:
+                    self.stop.request("another rank was asked to stop")
+                return True
+        self._flags.copy_(torch.tensor(self._local_flags(), dtype=torch.int32))
+        self._pending = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        return False
+
+    def close(self) -> None:
+        """Wait for the all-reduce in flight (every rank started it) before the group goes away."""
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
