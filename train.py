@@ -472,7 +472,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     cfg = replace(cfg, train=tc)
 
     # A resume loads its weights after prepare(), each rank only its shard.
-    model = build_initial_model(cfg, resume_from, pretrained, shapes_only=weights_come_from_rank0(accelerator))
+    shapes_only = weights_come_from_rank0(accelerator)
+    model = build_initial_model(cfg, resume_from, pretrained, shapes_only=shapes_only)
     if use_activation_checkpointing(cfg, accelerator, cuda):
         model.activation_checkpointing_enable()
         log.info("activation checkpointing on: each layer's activations are recomputed in the backward pass")
@@ -555,6 +556,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     bar = ProgressBar(tc.max_steps, state.step, is_main)
     recent_losses: collections.deque[float] = collections.deque(maxlen=100)  # for the bar's running average
     window = (time.time(), state.step)  # steps since the last loss read, for tokens/s
+    interval_tokens, interval_seconds = 0, 0.0  # for the eval line's throughput
     stop_reason = "max steps reached"
     cleanup.enter_context(stop)  # SIGTERM/SIGINT now only ask for a clean stop
     model.train()
@@ -586,7 +588,9 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
         state.tokens_seen += tc.global_batch_tokens
-        state.train_seconds += time.time() - t0
+        step_seconds = time.time() - t0
+        state.train_seconds += step_seconds
+        interval_tokens, interval_seconds = interval_tokens + tc.global_batch_tokens, interval_seconds + step_seconds
         bar.update(1)
         logging_due = state.step % tc.log_every == 0 or state.step == tc.max_steps
         eval_due = state.step % tc.eval_every == 0 or state.step == tc.max_steps
