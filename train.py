@@ -588,9 +588,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
         state.tokens_seen += tc.global_batch_tokens
-        step_seconds = time.time() - t0
-        state.train_seconds += step_seconds
-        interval_tokens, interval_seconds = interval_tokens + tc.global_batch_tokens, interval_seconds + step_seconds
+        state.train_seconds += time.time() - t0
         bar.update(1)
         logging_due = state.step % tc.log_every == 0 or state.step == tc.max_steps
         eval_due = state.step % tc.eval_every == 0 or state.step == tc.max_steps
@@ -601,8 +599,10 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         if not math.isfinite(loss):
             raise TrainingDiverged(f"loss is {loss} at step {state.step}; stopped without saving "
                                    f"(the last good checkpoint is {ckpt.latest_complete(run_dir) or 'none'})")
-        dt = (time.time() - window[0]) / (state.step - window[1])  # per step, GPU work included since .item() waited
+        steps = state.step - window[1]
+        dt = (time.time() - window[0]) / steps  # per step, GPU work included since .item() waited
         window = (time.time(), state.step)
+        interval_tokens, interval_seconds = interval_tokens + steps * tc.global_batch_tokens, interval_seconds + steps * dt
         recent_losses.append(loss)
         lr = scheduler.get_last_lr()[0]
         tok_s = tc.global_batch_tokens / dt
