@@ -27,7 +27,6 @@ folder's marker first, so a half-deleted folder never looks complete.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
