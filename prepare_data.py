@@ -133,11 +133,12 @@ def _progress(sources: list[Source], desc: str) -> tqdm:
     return tqdm(total=total, unit="B", unit_scale=True, desc=desc, dynamic_ncols=True)
 
 
-def _texts(sources: list[Source], documents: Iterable[Document], desc: str) -> Iterator[str]:
-    """Every kept document (both splits) for building or checking a tokenizer, with a progress bar."""
+def _texts(sources: list[Source], documents: Iterable[Document], desc: str, splits: tuple[str, ...]) -> Iterator[str]:
+    """The kept documents of `splits`, for building or checking a tokenizer, with a progress bar."""
     with _progress(sources, desc) as bar:
         for batch in _batches(documents):
-            yield from batch.docs
+            if batch.split in splits:
+                yield from batch.docs
             bar.update(batch.input_bytes)
 
 
@@ -261,7 +262,10 @@ def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", t
         if tokenizer_from:
             tok, tok_sha256 = _tokenizer_from(data_dir, staging, tokenizer_from, retrain_tokenizer)
         else:
-            texts = _texts(sources + val_sources, all_documents(), "read for tokenizer") if tokenizer != "byte" else []
+            # BPE learns its merges from train text only, so val loss is measured on text the tokenizer never
+            # saw; char needs every character of both splits (nanoGPT's vocab), byte reads nothing.
+            fit = ("train",) if tokenizer == "bpe" else SPLITS
+            texts = [] if tokenizer == "byte" else _texts(sources + val_sources, all_documents(), "read for tokenizer", fit)
             tok, tok_sha256 = _tokenizer(data_dir, staging, tokenizer, vocab_size, retrain_tokenizer, texts)
         dtype = token_dtype(tok.get_vocab_size())
         writers = {split: ShardWriter(staging, split, dtype, shard_tokens) for split in SPLITS}

@@ -109,6 +109,18 @@ def test_val_inputs_go_to_val_whole_and_every_input_document_to_train(tmp_path, 
     assert tok.decode(stream(data, "val").tolist()) == EOT.join(val_docs) + EOT
 
 
+def test_bpe_learns_from_train_text_only(tmp_path, shared_data):
+    """A word that only the val text repeats gets no merge: val loss is measured on text the tokenizer never saw."""
+    train = shared_data / "tinyshakespeare" / "input.txt"
+    val = write(tmp_path / "val.txt", "\n\n".join(["Zyxwvq Zyxwvq Zyxwvq."] * 2000))
+    data = prepare([str(train)], "bpe", tmp_path, "bpe", vocab_size=400, workers=1, val=[val])
+    tok = load_tokenizer(data)
+    assert "Zy" not in tok.decode(stream(data, "train").tolist())
+    assert not any("Zyx" in piece or "xwv" in piece for piece in tok.get_vocab())
+    assert len(tok.encode(" Zyxwvq")) >= 5  # spelled out from (mostly) single bytes
+    assert tok.decode(stream(data, "val").tolist()).count("Zyxwvq") == 6000
+
+
 def test_tail_split_is_nanogpts_character_split(tmp_path, shared_data):
     src = shared_data / "tinyshakespeare" / "input.txt"
     data = prepare([str(src)], "sh", tmp_path, "char", val_split="tail", workers=1)
