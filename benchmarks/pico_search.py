@@ -97,7 +97,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", default="pico-best", choices=[p for p in MODEL_PRESETS if p.startswith(("rp2040", "pico"))])
     ap.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, metavar="hH-lL-aA-fF-cC")
@@ -108,7 +108,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/pico-search"))
     ap.add_argument("--train", type=Path, default=TINYSTORIES / "tinystories_10k.txt")
     ap.add_argument("--val", type=Path, default=TINYSTORIES / "tinystories_val.txt")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     try:
         for shape in args.shapes:
             replace(MODEL_PRESETS[args.base], **parse_shape(shape)).validate()

@@ -106,6 +106,9 @@ def test_python_clis_refuse_bad_values_with_one_line(tmp_path, tiny_data):
         ("utils.generate", ["missing", "--max-new-tokens", "0"], "--max-new-tokens 0: must be a positive integer"),
         ("utils.generate", ["missing", "--seed", str(2**64)], "must be an integer from 0 to 2**63 - 1"),
         ("train", ["--preflight", "--seed", str(2**32)], f"train.seed={2**32}: must be below 2**32"),
+        # the Pico shape search checks every shape before it trains any
+        ("benchmarks.pico_search", ["--shapes", "h24-l3-a4-f96-c64", "h20-4"], "shape 'h20-4' is not hidden-layers"),
+        ("benchmarks.pico_search", ["--shapes", "h20-l4-a4-f80-c64"], "head_dim 5 gives 5 rotary dims"),
     ]
     results = run_cli_cases([(m, argv) for m, argv, _ in cases], tmp_path)
     for (module, argv, message), (code, err) in zip(cases, results):
