@@ -175,19 +175,21 @@ RP2040_QUALITY = ModelConfig(
 float KV cache (layers x ctx x hidden x 2 x 4 B = 24 KB) inside the Pico's heap next to the weights."""
 
 PICO_BEST = ModelConfig(
-    vocab_size=1024, hidden_size=24, num_layers=3, num_heads=4, intermediate_size=96,
+    vocab_size=1024, hidden_size=28, num_layers=2, num_heads=2, intermediate_size=96,
     max_position_embeddings=64, rotary_pct=1.0, tie_word_embeddings=True,
 )
-"""~46K params, retuned on TinyStories for the int8 runtime, where speed follows multiply-adds and
-attention work per token (RAM no longer bounds the size): twice rp2040-quality's width with a 4x FFN
-instead of its 32x one, one layer and two heads fewer. Fewer multiply-adds per token than rp2040-quality."""
+"""~46K params, the winner of benchmarks/pico_search.py on TinyStories at vocab 1024: of 14 shapes whose int8
+weights stay in RAM, width bought the most loss per emulated millisecond (the tied embedding is also the
+output head), so two layers of two 14-dim heads and a 3.4x FFN, against rp2040-quality's 12 wide, 4 layers
+and 32x FFN. int8 model.bin ~60 KB keeps ~108 KB of heap free, so no layer is streamed from flash."""
 
 PICO_FAST = ModelConfig(
-    vocab_size=512, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=64,
+    vocab_size=512, hidden_size=24, num_layers=1, num_heads=2, intermediate_size=96,
     max_position_embeddings=128, rotary_pct=1.0, tie_word_embeddings=True,
 )
-"""~15K params, the same idea at rp2040-optimized's vocab and context: twice its width, a 4x FFN instead of
-32x, two layers of two heads instead of three of four: fewer multiply-adds and far less attention work."""
+"""~20K params, the fastest shape of benchmarks/pico_search.py at rp2040-optimized's vocab and context: one
+layer, 24 wide with two 12-dim heads and a 4x FFN, against rp2040-optimized's 8 wide, 3 layers and 32x FFN.
+Faster on the Pico than the other searched shapes and lower TinyStories val loss than the seed."""
 
 TEST = ModelConfig(
     hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512, max_position_embeddings=256,

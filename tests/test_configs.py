@@ -30,7 +30,7 @@ def test_rp2040_parameter_counts_match_measured_shapes():
     names = ("rp2040-speed", "rp2040-optimized", "rp2040-quality", "pico-fast", "pico-best")
     counts = {n: count_parameters(build_model(MODEL_PRESETS[n])) for n in names}
     assert counts == {"rp2040-speed": 9248, "rp2040-optimized": 18152, "rp2040-quality": 53448,
-                      "pico-fast": 14784, "pico-best": 46296}
+                      "pico-fast": 19560, "pico-best": 46448}
 
 
 def test_production_shape_on_meta_device():

@@ -1,7 +1,7 @@
 """The RP2040 runtime inside real MicroPython (WebAssembly port under node) against PyTorch (f32) and
 the integer reference (int8).
 
-Models are the three rp2040 presets at random init (fixed seed) with the byte tokenizer, exported
+Models are the Pico presets at random init (fixed seed) with the byte tokenizer, exported
 through rp2040.export exactly as a trained checkpoint would be.
 """
 import json
@@ -16,7 +16,7 @@ from rp2040.runtime.generate import Generator, load
 from rp2040.runtime.sampling import Sampler
 from tests.rp2040_models import save_checkpoint
 
-PRESETS = ("rp2040-speed", "rp2040-optimized", "rp2040-quality")
+PRESETS = ("rp2040-speed", "rp2040-optimized", "rp2040-quality", "pico-fast", "pico-best")
 IDS = [72, 101, 108, 108, 111, 32, 119, 111]  # "Hello wo" in byte ids
 
 pytestmark = pytest.mark.skipif(wasm.unavailable() is not None, reason=str(wasm.unavailable()))
