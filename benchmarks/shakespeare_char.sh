@@ -103,7 +103,7 @@ start=$(date +%s.%N)
   --out_dir="$OUT/nanogpt-out") > "$OUT/nanogpt.log" 2>&1 || { tail -20 "$OUT/nanogpt.log" >&2; exit 1; }
 nano_s=$(printf %.0f "$(echo "$(date +%s.%N) - $start" | bc)")
 nano_own=$(grep -o 'val loss [0-9.]*' "$OUT/nanogpt.log" | tail -1 | cut -d' ' -f3)
-scores=$($PY "$OUT/val_loss.py" nanogpt "$OUT/nanogpt-out" "$OUT/nanogpt")
+scores=$($PY "$OUT/val_loss.py" nanogpt "$OUT/nanogpt-out" "$OUT/nanogpt" | tail -1)  # its model.py prints a line first
 read -r nano_random nano_full <<< "$scores"
 echo "nanoGPT shakespeare-char: val loss ${nano_random} (the same 200 x 12 blocks; its own 20-batch estimate printed"\
 " ${nano_own:-?}), ${nano_full} (all of val), wall time ${nano_s} s"

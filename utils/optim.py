@@ -16,9 +16,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.AdamW:
-    """AdamW; the fused kernel when the parameters live on CUDA."""
-    on_cuda = next(model.parameters()).is_cuda
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, fused=on_cuda)
+    """AdamW with the fused kernel: on CPU too, where PyTorch's default is a per-tensor loop (3-4x slower)."""
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, fused=True)
 
 
 def warmup_cosine(warmup_steps: int, max_steps: int, min_lr_ratio: float):
