@@ -70,7 +70,7 @@ def emulated(model_dir: Path, tokens: int) -> tuple[str, str]:
     if why := unavailable():
         return f"n/a ({why})", ""
     e = emulate(model_dir, PROMPT, tokens, progress=False)
-    return f"{e.tok_per_s:.1f}", f"{e.heap_loaded:,}"
+    return f"{e.tok_per_s:.1f}", f"{e.heap_loaded:,}" + (" (streamed)" if e.stream else "")
 
 
 def main() -> int:
