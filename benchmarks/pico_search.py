@@ -13,9 +13,7 @@ run already finished under --out is reused, so a search can grow a few shapes at
 """
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import os
 import re
 import subprocess
@@ -32,7 +30,7 @@ import torch  # noqa: E402
 from benchmarks.pico_tinystories import PROMPT, TINYSTORIES, dataset, val_metrics  # noqa: E402
 from configs.presets import MODEL_PRESETS, TRAIN_PRESETS  # noqa: E402
 from rp2040.emulate import emulate, unavailable  # noqa: E402
-from utils.errors import PiconeoxError  # noqa: E402
+from utils.errors import CliParser, PiconeoxError  # noqa: E402
 
 SHAPE = re.compile(r"^h(\d+)-l(\d+)-a(\d+)-f(\d+)-c(\d+)$")
 # rp2040-quality's shape and shapes whose int8 weights stay in RAM at vocab 1024 (model.bin under ~60 KB, so
@@ -56,10 +54,11 @@ def run_shape(shape: str, args, data: Path) -> dict:
     name = f"{shape}-s{args.steps}-lr{args.lr:g}"
     run, model_dir, log = args.out / "ckpt" / name, args.out / "models" / name, args.out / "logs" / f"{name}.log"
     if not (run / "final" / "COMPLETE").exists():
-        sets = [f"model.{k}={v}" for k, v in parse_shape(shape).items()]
+        dims = parse_shape(shape)
+        sets = [f"model.{k}={v}" for k, v in dims.items()]
         cmd = [sys.executable, "train.py", "--config", args.base, "--data", str(data), "--output-dir",
                str(args.out / "ckpt"), "--log-dir", str(args.out / "logs"), "--run-name", name, "--report-to", "none",
-               "--max-steps", str(args.steps), "--lr", str(args.lr), "--seq-len", str(parse_shape(shape)["max_position_embeddings"]),
+               "--max-steps", str(args.steps), "--lr", str(args.lr), "--seq-len", str(dims["max_position_embeddings"]),
                *[a for s in sets for a in ("--set", s)]]
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w") as out:
@@ -98,7 +97,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = CliParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", default="pico-best", choices=[p for p in MODEL_PRESETS if p.startswith(("rp2040", "pico"))])
     ap.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, metavar="hH-lL-aA-fF-cC")
     ap.add_argument("--steps", type=int, default=1500)
@@ -110,37 +109,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--val", type=Path, default=TINYSTORIES / "tinystories_val.txt")
     args = ap.parse_args(argv)
     try:
-        for shape in args.shapes:
-            replace(MODEL_PRESETS[args.base], **parse_shape(shape)).validate()
+        print(search(args))
     except PiconeoxError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not (args.train.is_file() and args.val.is_file()):
-        print(f"error: {args.train} or {args.val} not found (see ../shared/data/PROVENANCE.md)", file=sys.stderr)
-        return 2
-    if why := unavailable():
-        print(f"error: the emulated Pico is needed for tok/s: {why}", file=sys.stderr)
-        return 2
-    args.lr = args.lr or TRAIN_PRESETS[args.base].learning_rate
-    torch.set_num_threads(1)
-    data = dataset(TRAIN_PRESETS[args.base].tokenizer, MODEL_PRESETS[args.base].vocab_size, args.train, args.val,
-                   args.out / "data")
-    results = args.out / "results.jsonl"
-    try:
-        with ThreadPoolExecutor(args.jobs) as pool:
-            for row in pool.map(lambda s: run_shape(s, args, data), args.shapes):
-                print(f"{row['shape']}: val loss {row['val_loss']:.3f}, {row['tok_per_s']:.1f} tok/s", flush=True)
-                with open(results, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    rows = {(r["shape"], r["steps"], r["lr"]): r for r in map(json.loads, results.read_text().splitlines())}
-    print(f"\nTinyStories, {args.base}'s vocab ({MODEL_PRESETS[args.base].vocab_size} BPE) and recipe; all results "
-          f"in {results}:\n")
-    print(table(list(rows.values())))
     return 0
 
+
+def search(args) -> str:
+    """Check every shape, train and measure the new ones, and return the table of all results under --out."""
+    for shape in args.shapes:
+        replace(MODEL_PRESETS[args.base], **parse_shape(shape)).validate()
+    if not (args.train.is_file() and args.val.is_file()):
+        raise PiconeoxError(f"{args.train} or {args.val} not found (see ../shared/data/PROVENANCE.md)")
+    if why := unavailable():
+        raise PiconeoxError(f"the emulated Pico is needed for tok/s: {why}")
+    args.lr = args.lr or TRAIN_PRESETS[args.base].learning_rate
+    torch.set_num_threads(1)
+    data = dataset(args.base, args.train, args.val, args.out / "data")
+    results = args.out / "results.jsonl"
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for row in pool.map(lambda s: run_shape(s, args, data), args.shapes):
+            print(f"{row['shape']}: val loss {row['val_loss']:.3f}, {row['tok_per_s']:.1f} tok/s", flush=True)
+            with open(results, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    rows = {(r["shape"], r["steps"], r["lr"]): r for r in map(json.loads, results.read_text().splitlines())}
+    return (f"\nTinyStories, {args.base}'s vocab ({MODEL_PRESETS[args.base].vocab_size} BPE) and recipe; all "
+            f"results in {results}:\n\n{table(list(rows.values()))}")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -36,9 +36,10 @@ TINYSTORIES = REPO.parent / "shared" / "data" / "tinystories"
 PROMPT = "Once upon a time"
 
 
-def dataset(kind: str, vocab: int | None, train: Path, val: Path, out: Path) -> Path:
-    """TinyStories with this tokenizer (prepared once per tokenizer); `vocab` is for bpe only."""
-    vocab = vocab if kind == "bpe" else None
+def dataset(preset: str, train: Path, val: Path, out: Path) -> Path:
+    """TinyStories with the preset's tokenizer kind at the model's vocab (prepared once per tokenizer)."""
+    kind = TRAIN_PRESETS[preset].tokenizer
+    vocab = MODEL_PRESETS[preset].vocab_size if kind == "bpe" else None
     name = f"tinystories-{kind}{vocab or ''}"
     if not (out / name / "manifest.json").exists():
         prepare([str(train)], name, out, kind, vocab, val=[str(val)], workers=1)
@@ -86,8 +87,7 @@ def main() -> int:
         return 2
     py, rows = sys.executable, []
     for preset in args.presets.split(","):
-        data = dataset(TRAIN_PRESETS[preset].tokenizer, MODEL_PRESETS[preset].vocab_size, args.train, args.val,
-                       args.out / "data")
+        data = dataset(preset, args.train, args.val, args.out / "data")
         run = args.out / "ckpt" / preset
         if not (run / "final" / "COMPLETE").exists():
             subprocess.run([py, "train.py", "--config", preset, "--data", str(data), "--output-dir",
