@@ -207,8 +207,11 @@ def build_initial_model(cfg, resume_from: Path | None, pretrained, shapes_only: 
     from configs.model import build_model
 
     if pretrained and not resume_from and not shapes_only:
-        return pretrained.load_model()
-    return build_model(cfg.model, shapes_only=shapes_only)
+        model = pretrained.load_model()
+    else:
+        model = build_model(cfg.model, shapes_only=shapes_only)
+    model.set_attn_implementation(cfg.train.attention)
+    return model
 
 
 def check_gcs_settings(args, cfg) -> None:
@@ -413,6 +416,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     cuda = accelerator.device.type == "cuda"  # False with --gpus 0 even where a GPU exists
     is_main = accelerator.is_main_process
     set_seed(tc.seed)
+    torch.set_float32_matmul_precision(tc.matmul_precision)
 
     # Data first: it decides the vocabulary.
     data_dir = prepare_data_dir(tc, accelerator, args.credentials)

@@ -9,6 +9,8 @@ from utils.errors import PiconeoxError
 MIXED_PRECISION = ("no", "fp16", "bf16")
 ON_OFF_AUTO = ("auto", "on", "off")
 TOKENIZERS = ("char", "byte", "bpe")
+MATMUL_PRECISION = ("highest", "high", "medium")
+ATTENTION = ("sdpa", "eager")
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,12 @@ class TrainConfig(ConfigBase):
     mixed_precision: str = "no"
     compile: str = "auto"
     """torch.compile after accelerator.prepare(): auto = on with CUDA only."""
+    matmul_precision: str = "highest"
+    """torch.set_float32_matmul_precision for float32 matmuls: highest (exact), high (TF32 on Ampere+ GPUs),
+    medium (also bfloat16 products, float32 sums, on CPUs with AVX512-BF16 or AMX; elsewhere as high)."""
+    attention: str = "sdpa"
+    """transformers' attention implementation: sdpa (the fused kernel) or eager (two matmuls, which medium
+    precision speeds up on CPU; the fused CPU kernel gets slower under it)."""
     activation_checkpointing: str = "off"
     """Recompute each layer's activations in the backward pass: on, off, or auto (on when CUDA is there
     and the plan's memory estimate without it exceeds the GPU's memory)."""
@@ -83,6 +91,10 @@ class TrainConfig(ConfigBase):
             raise PiconeoxError(f"train.mixed_precision={self.mixed_precision!r}: allowed {', '.join(MIXED_PRECISION)}")
         if self.compile not in ON_OFF_AUTO:
             raise PiconeoxError(f"train.compile={self.compile!r}: allowed {', '.join(ON_OFF_AUTO)}")
+        if self.matmul_precision not in MATMUL_PRECISION:
+            raise PiconeoxError(f"train.matmul_precision={self.matmul_precision!r}: allowed {', '.join(MATMUL_PRECISION)}")
+        if self.attention not in ATTENTION:
+            raise PiconeoxError(f"train.attention={self.attention!r}: allowed {', '.join(ATTENTION)}")
         if self.activation_checkpointing not in ON_OFF_AUTO:
             raise PiconeoxError(f"train.activation_checkpointing={self.activation_checkpointing!r}: allowed {', '.join(ON_OFF_AUTO)}")
         if self.tokenizer not in TOKENIZERS:
