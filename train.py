@@ -23,8 +23,10 @@ from utils.errors import CliParser, PiconeoxError
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from configs.presets import PRESET_NAMES
+
     p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="test", help="preset name (rp2040-speed, rp2040-optimized, rp2040-quality, test, small, production, shakespeare-char)")
+    p.add_argument("--config", default="test", help=f"preset name ({', '.join(PRESET_NAMES)})")
     p.add_argument("--config-file", help="YAML file with `model:` and/or `train:` sections overriding the preset")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override any setting, e.g. --set model.num_layers=6 (repeatable)")
     p.add_argument("--data", help="prepared dataset dir, gs://bucket/prefix of one, or `demo`")
@@ -416,6 +418,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     cuda = accelerator.device.type == "cuda"  # False with --gpus 0 even where a GPU exists
     is_main = accelerator.is_main_process
     set_seed(tc.seed)
+    cleanup.callback(torch.set_float32_matmul_precision, torch.get_float32_matmul_precision())  # process-wide
     torch.set_float32_matmul_precision(tc.matmul_precision)
 
     # Data first: it decides the vocabulary.
@@ -503,6 +506,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
                  + ("" if cuda else " (no CUDA: the preset's size; auto needs a GPU to measure)"))
     log.info(f"global batch {tc.global_batch_tokens:,} tokens per step = micro batch {tc.micro_batch_size} x "
              f"{tc.grad_accum_steps} accumulation x {world} process(es) x {tc.seq_len} tokens")
+    log.info(f"math: {tc.attention} attention, float32 matmul precision {tc.matmul_precision}, "
+             f"mixed precision {tc.mixed_precision}")
     optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
     scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
     model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step

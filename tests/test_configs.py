@@ -56,6 +56,8 @@ def test_yaml_and_overrides_apply_in_order(tmp_path):
     ("test", {"train.max_steps": "ten"}, "train.max_steps='ten': expected int"),
     ("test", {"train.bogus": "1"}, "unknown train setting 'bogus'"),
     ("test", {"train.mixed_precision": "fp8"}, "allowed no, fp16, bf16"),
+    ("test", {"train.matmul_precision": "low"}, "train.matmul_precision='low': allowed highest, high, medium"),
+    ("test", {"train.attention": "flash"}, "train.attention='flash': allowed sdpa, eager"),
     ("test", {"optim.lr": "1"}, "expected model.<name>=<value> or train.<name>=<value>"),
 ])
 def test_impossible_settings_fail_with_one_line(preset, overrides, message):

@@ -48,6 +48,18 @@ def test_loss_falls_and_outputs_exist(tmp_path, tiny_data):
         assert ckpt.check_complete(run_dir / folder) is None
 
 
+def test_eager_attention_and_medium_matmul_precision_learn_what_the_defaults_learn(tmp_path, tiny_data):
+    """shakespeare-char's speed settings change how the math runs, not what the model learns."""
+    _, default, _ = run(tmp_path / "a", tiny_data, "--max-steps", "10")
+    code, fast, _ = run(tmp_path / "b", tiny_data, "--max-steps", "10", "--set", "train.attention=eager",
+                        "--set", "train.matmul_precision=medium")
+    assert code == 0 and len(fast) == 10
+    assert fast == pytest.approx(default, abs=2e-3)
+    log = (tmp_path / "b" / "logs" / "run" / "training.log").read_text()
+    assert "math: eager attention, float32 matmul precision medium, mixed precision no" in log
+    assert torch.get_float32_matmul_precision() == "highest"  # the run restores the process-wide setting
+
+
 def test_resume_gives_the_losses_of_an_uninterrupted_run(tmp_path, tiny_data):
     """20 steps straight vs the same run stopped after its step-10 checkpoint and resumed: identical losses."""
     common = ("--max-steps", "20", "--save-every", "10", "--eval-every", "5")
