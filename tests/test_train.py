@@ -54,7 +54,7 @@ def test_eager_attention_and_medium_matmul_precision_learn_what_the_defaults_lea
     code, fast, _ = run(tmp_path / "b", tiny_data, "--max-steps", "10", "--set", "train.attention=eager",
                         "--set", "train.matmul_precision=medium")
     assert code == 0 and len(fast) == 10
-    assert fast == pytest.approx(default, abs=2e-3)
+    assert fast == pytest.approx(default, abs=2e-2)  # bfloat16 products where a CPU has AMX
     log = (tmp_path / "b" / "logs" / "run" / "training.log").read_text()
     assert "math: eager attention, float32 matmul precision medium, mixed precision no" in log
     assert torch.get_float32_matmul_precision() == "highest"  # the run restores the process-wide setting
