@@ -46,13 +46,11 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
     "rp2040-quality": _T(tokenizer="bpe", tokenizer_vocab=896, seq_len=64, micro_batch_size=64, max_steps=1500,
                          learning_rate=5e-3, warmup_steps=100, eval_every=250, save_every=500, weight_decay=0.0),
     # The pico-* recipes from benchmarks/pico_search.py: 3,000 steps at lr 1e-2 beat 1,500 at 5e-3 (and, for
-    # pico-best, 1,500 at 1e-2 and 3,000 at 5e-3) on TinyStories val. pico-best trains 1.5x faster per step on
-    # CPU with eager attention and medium matmul precision; pico-fast (context 128) is fastest with the defaults.
+    # pico-best, 1,500 at 1e-2 and 3,000 at 5e-3) on TinyStories val.
     "pico-fast": _T(tokenizer="bpe", tokenizer_vocab=512, seq_len=128, micro_batch_size=32, max_steps=3000,
                     learning_rate=1e-2, warmup_steps=100, eval_every=250, save_every=500, weight_decay=0.0),
     "pico-best": _T(tokenizer="bpe", tokenizer_vocab=896, seq_len=64, micro_batch_size=64, max_steps=3000,
-                    learning_rate=1e-2, warmup_steps=100, eval_every=250, save_every=500, weight_decay=0.0,
-                    matmul_precision="medium", attention="eager"),
+                    learning_rate=1e-2, warmup_steps=100, eval_every=250, save_every=500, weight_decay=0.0),
     "test": _T(tokenizer="byte", seq_len=128, micro_batch_size=8, max_steps=200, learning_rate=2e-3,
                warmup_steps=20, eval_every=50, eval_batches=10, save_every=100),
     "small": _T(tokenizer="bpe", tokenizer_vocab=896, seq_len=256, micro_batch_size=8, max_steps=5000,
