@@ -27,10 +27,10 @@ CHAR_VOCAB = 66  # Tiny Shakespeare's 65 characters + end-of-text
 def step_times(preset: str, rounds: int, steps: int) -> dict[tuple[str, str], float]:
     """ms per training step for every (attention, matmul precision) pair, interleaved over `rounds`."""
     import torch
-    import torch.nn.functional as F
 
     from configs.model import build_model
     from configs.presets import resolve_config
+    from train import lm_loss
     from utils.optim import build_optimizer
 
     cfg = resolve_config(preset, None, {})
@@ -45,8 +45,7 @@ def step_times(preset: str, rounds: int, steps: int) -> dict[tuple[str, str], fl
         runs[attention] = (model, build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2)))
 
     def step(model, optimizer) -> None:
-        logits = model(input_ids=x).logits
-        F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1)).backward()
+        lm_loss(model, x, y).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

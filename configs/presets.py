@@ -63,7 +63,7 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
                      activation_checkpointing="auto"),
     # nanoGPT's train_shakespeare_char CPU recipe (batch 12, block 64, 2000 iters, lr 1e-3, beta2 0.99), on
     # nanoGPT's input.txt prepared with the char tokenizer (the error for a missing folder says how). Medium
-    # matmul precision + eager attention: 1.1-1.2x faster steps on CPU (README, Benchmarks), same losses.
+    # matmul precision + eager attention: 1.34x faster steps here (benchmarks/bench_math.py), same losses.
     "shakespeare-char": _T(data="data/shakespeare-char", tokenizer="char", seq_len=64, micro_batch_size=12, max_steps=2000,
                            learning_rate=1e-3, warmup_steps=100, beta2=0.99, eval_every=250, eval_batches=20, save_every=1000,
                            matmul_precision="medium", attention="eager"),
