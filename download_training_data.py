@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from utils.atomic import check_writable_dir
-from utils.errors import CliParser, PiconeoxError
+from utils.errors import CliParser, Interrupted, PiconeoxError, cli
 from utils.storage import open_storage
 from utils.sync import SyncSummary, download_tree, upload_tree
 
@@ -78,6 +78,7 @@ def report(summary: SyncSummary, *, pushing: bool, dry_run: bool) -> str:
             f"skipped {summary.skipped}, failed {summary.failed}")
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
@@ -85,12 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         summary = run(args)
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print("error: interrupted; no partial file was kept under its final name, re-run to resume", file=sys.stderr)
-        return 130
+        raise Interrupted("interrupted; no partial file was kept under its final name, re-run to resume") from None
     for line in summary.errors:
         print(f"failed: {line}", file=sys.stderr)
     print(report(summary, pushing=bool(args.push), dry_run=args.dry_run))

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from utils.atomic import check_writable_dir
 from utils.crc import INDEX_NAME, CrcIndex
 from utils.documents import DECODE_ERRORS, INPUT_HELP, Source, TextFile, resolve_inputs
-from utils.errors import CliParser, PiconeoxError
+from utils.errors import CliParser, Interrupted, PiconeoxError, cli
 from utils.shards import MANIFEST_FILE, SPLITS, Manifest, ShardWriter, read_manifest, token_dtype, write_manifest
 from utils.tokenizers import (KINDS, TOKENIZER_FILE, build_tokenizer, check_vocab_size, checkpoint_tokenizer,
                               encode_batches, file_sha256, missing_chars, save_tokenizer, tokenizer_kind)
@@ -343,24 +343,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
+    kept = f"{Path(args.out_dir) / args.name} is as it was before"
     try:
         data_dir = prepare(args.inputs, args.name, args.out_dir, args.tokenizer, args.vocab_size,
                            args.shard_tokens, args.dataset_percent, args.val_fraction, args.seed,
                            args.retrain_tokenizer, args.workers, args.errors, args.val, args.val_split,
                            args.tokenizer_from)
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print(f"error: interrupted; {Path(args.out_dir) / args.name} is as it was before", file=sys.stderr)
-        return 130
+        raise Interrupted(f"interrupted; {kept}") from None
     except OSError as e:  # e.g. the disk filled up: the previous dataset is still intact
-        print(f"error: {e.filename or args.out_dir}: {e.strerror}; {Path(args.out_dir) / args.name} is as it was before",
-              file=sys.stderr)
-        return 2
+        raise PiconeoxError(f"{e.filename or args.out_dir}: {e.strerror}; {kept}") from None
     m = read_manifest(data_dir)
     splits = ", ".join(f"{s} {m.split_tokens(s):,} tokens in {len(m.split_shards(s))} shards "
                        f"({m.documents[s]:,} docs)" for s in SPLITS)

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from benchmarks.pico_tinystories import PROMPT, TINYSTORIES, dataset, val_metrics  # noqa: E402
 from configs.presets import MODEL_PRESETS, TRAIN_PRESETS  # noqa: E402
 from rp2040.emulate import emulate, unavailable  # noqa: E402
-from utils.errors import CliParser, PiconeoxError  # noqa: E402
+from utils.errors import CliParser, PiconeoxError, cli  # noqa: E402
 
 SHAPE = re.compile(r"^h(\d+)-l(\d+)-a(\d+)-f(\d+)-c(\d+)$")
 # rp2040-quality's shape and shapes whose int8 weights stay in RAM at vocab 1024 (model.bin under ~60 KB, so
@@ -96,6 +96,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     ap = CliParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", default="pico-best", choices=[p for p in MODEL_PRESETS if p.startswith(("rp2040", "pico"))])
@@ -108,11 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train", type=Path, default=TINYSTORIES / "tinystories_10k.txt")
     ap.add_argument("--val", type=Path, default=TINYSTORIES / "tinystories_val.txt")
     args = ap.parse_args(argv)
-    try:
-        print(search(args))
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    print(search(args))
     return 0
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rp2040.bundle import check_model, model_files
 from rp2040.flash import board_files
-from utils.errors import PiconeoxError
+from utils.errors import PiconeoxError, cli
 
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "emulator.mjs"
@@ -231,6 +231,7 @@ def host_ids(model_dir: Path, prompt_ids: list[int], tokens: int) -> list[int]:
     return out
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rp2040.emulate", description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir", type=Path, help="an exported model, e.g. models/<name>")
@@ -239,11 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--firmware", type=Path, help=f"RPI_PICO MicroPython .uf2 (default: {SHARED_PICO}/{FIRMWARE_GLOB})")
     ap.add_argument("--bootrom", type=Path, help=f"RP2040 boot ROM (default: {BOOTROM} beside the firmware)")
     args = ap.parse_args(argv)
-    try:
-        run = emulate(args.model_dir, args.prompt, args.tokens, args.firmware, args.bootrom)
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    run = emulate(args.model_dir, args.prompt, args.tokens, args.firmware, args.bootrom)
     from rp2040.runtime.tokenizer import StreamDecoder, Tokenizer
 
     tok = Tokenizer(str(args.model_dir / "vocab.bin"))

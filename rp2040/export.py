@@ -27,7 +27,7 @@ from rp2040.runtime import modelfile as mf
 from rp2040.runtime import tokenizer as vf
 from rp2040.runtime.gpt import buffer_bytes, plan_buffers
 from utils.atomic import atomic_write, atomic_write_json
-from utils.errors import PiconeoxError
+from utils.errors import PiconeoxError, cli
 
 DEFAULT_RAM_BUDGET_KB = 180
 DEFAULT_MIN_FREE_KB = 100
@@ -398,6 +398,7 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
     return config
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rp2040.export", description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoint", type=Path, help="HF model dir, checkpoints/<run>/step-N/, or checkpoints/<run>/")
@@ -410,11 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"else stream them from flash (default {DEFAULT_MIN_FREE_KB})")
     ap.add_argument("--force", action="store_true", help="export even when over the RAM budget")
     args = ap.parse_args(argv)
-    try:
-        cfg = export(args.checkpoint, args.out, args.dtype, args.ram_budget_kb, args.force, args.min_free_kb)
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = export(args.checkpoint, args.out, args.dtype, args.ram_budget_kb, args.force, args.min_free_kb)
     ram = cfg["ram"]
     for name, size in cfg["files"].items():
         print(f"{args.out / name}: {size:,} bytes")

@@ -1,4 +1,5 @@
-"""The run's process group: the Accelerator with its FSDP2 settings and collective timeout.
+"""Every process group of a run (the Accelerator's, with its FSDP2 settings and collective timeout, and the
+checkpoint savers' gloo group) and the "rank 0 decides, everyone learns" helpers.
 
 FSDP2 settings come from the accelerate config (`accelerate launch` turns its `fsdp_config` into
 ACCELERATE_USE_FSDP / FSDP_* variables); on top of them gradients are reduced in fp32 under mixed
@@ -17,10 +18,12 @@ from __future__ import annotations
 import os
 import sys
 from datetime import timedelta
+from typing import Callable, TypeVar
 
 from utils.errors import PiconeoxError
 
 CPU_FSDP_ENV = "PICONEOX_CPU_FSDP"
+T = TypeVar("T")
 
 
 def fsdp_requested() -> bool:
@@ -112,3 +115,73 @@ def check_timeout(minutes: float) -> None:
 
     if not (math.isfinite(minutes) and minutes > 0):
         raise PiconeoxError(f"--collective-timeout-minutes {minutes:g}: must be a positive number of minutes (default 60)")
+
+
+def checkpoint_group():
+    """A gloo process group for the background savers (None when not distributed).
+
+    Collectives of checkpoint threads must never interleave with the training's on the same group, and a
+    save may wait on a slow upload of another rank for a long time: hence its own group and timeout.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    return dist.new_group(backend="gloo", timeout=timedelta(hours=2))
+
+
+def _world(group=None) -> int:
+    """Processes in `group` (the default group when None); 1 without torch.distributed."""
+    import torch.distributed as dist
+
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+
+
+def broadcast_object(obj: T, group=None) -> T:
+    """Rank 0's `obj` on every rank of `group` (picklable; returned as is in a single process)."""
+    if _world(group) == 1:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+def gather_object(obj, group=None) -> list | None:
+    """Every rank's `obj` in rank order, on rank 0; None elsewhere."""
+    if _world(group) == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * dist.get_world_size(group) if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0, group=group)
+    return out
+
+
+def all_gather_object(obj, group=None) -> list:
+    """Every rank's `obj` in rank order, on every rank."""
+    if _world(group) == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def rank0_decides(decide: Callable[[], T], is_main: bool) -> T:
+    """`decide()` runs on rank 0 only and every rank learns its result, or the same PiconeoxError line.
+
+    No rank waits in a collective while another does long work: only the decision travels.
+    """
+    result, error = None, None
+    if is_main:
+        try:
+            result = decide()
+        except PiconeoxError as e:
+            error = str(e)
+    result, error = broadcast_object((result, error))
+    if error:
+        raise PiconeoxError(error if is_main else f"rank 0: {error}")
+    return result

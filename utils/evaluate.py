@@ -19,7 +19,7 @@ import math
 import sys
 from pathlib import Path
 
-from utils.errors import PiconeoxError
+from utils.errors import PiconeoxError, cli
 
 
 def load_lm(checkpoint: str, batch_size: int | str, device: str):
@@ -96,43 +96,40 @@ def parse_args(argv):
     return args
 
 
+@cli
 def main(argv=None) -> int:
     import torch
 
     from utils.atomic import atomic_write_json
 
     args = parse_args(argv)
-    try:
-        tasks = [t.strip() for t in (args.tasks or "").split(",") if t.strip()]
-        batch = args.batch_size if args.batch_size == "auto" else int(args.batch_size) if args.batch_size.isdigit() else 0
-        if not batch or (args.limit is not None and args.limit < 1) or (args.num_fewshot is not None and args.num_fewshot < 0):
-            raise PiconeoxError("--batch-size must be a positive integer or auto, --limit positive, --num-fewshot >= 0")
-        text = None
-        if args.eval_perplexity:
-            path = Path(args.eval_perplexity)
-            if not path.is_file():
-                raise PiconeoxError(f"--eval-perplexity {path}: no such file")
-            text = path.read_text(encoding="utf-8")
-        manager = task_manager(tasks, args.include_path) if tasks else None  # unknown names fail before loading
-        lm = load_lm(args.checkpoint, batch, args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        out: dict = {"checkpoint": args.checkpoint}
-        if tasks:
-            from lm_eval.utils import make_table
+    tasks = [t.strip() for t in (args.tasks or "").split(",") if t.strip()]
+    batch = args.batch_size if args.batch_size == "auto" else int(args.batch_size) if args.batch_size.isdigit() else 0
+    if not batch or (args.limit is not None and args.limit < 1) or (args.num_fewshot is not None and args.num_fewshot < 0):
+        raise PiconeoxError("--batch-size must be a positive integer or auto, --limit positive, --num-fewshot >= 0")
+    text = None
+    if args.eval_perplexity:
+        path = Path(args.eval_perplexity)
+        if not path.is_file():
+            raise PiconeoxError(f"--eval-perplexity {path}: no such file")
+        text = path.read_text(encoding="utf-8")
+    manager = task_manager(tasks, args.include_path) if tasks else None  # unknown names fail before loading
+    lm = load_lm(args.checkpoint, batch, args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    out: dict = {"checkpoint": args.checkpoint}
+    if tasks:
+        from lm_eval.utils import make_table
 
-            results = run_tasks(lm, tasks, manager, args.limit, args.num_fewshot, args.seed)
-            print(make_table(results))
-            out["tasks"] = results["results"]
-        if text is not None:
-            out["perplexity"] = text_perplexity(lm, text)
-            ppl = out["perplexity"]
-            print(f"{args.eval_perplexity}: word perplexity {ppl['word_perplexity']:.3f}, byte perplexity "
-                  f"{ppl['byte_perplexity']:.4f}, bits per byte {ppl['bits_per_byte']:.4f}, token perplexity "
-                  f"{ppl['token_perplexity']:.3f} ({ppl['words']:,} words, {ppl['tokens']:,} tokens)")
-        if args.output:
-            atomic_write_json(args.output, out)
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        results = run_tasks(lm, tasks, manager, args.limit, args.num_fewshot, args.seed)
+        print(make_table(results))
+        out["tasks"] = results["results"]
+    if text is not None:
+        out["perplexity"] = text_perplexity(lm, text)
+        ppl = out["perplexity"]
+        print(f"{args.eval_perplexity}: word perplexity {ppl['word_perplexity']:.3f}, byte perplexity "
+              f"{ppl['byte_perplexity']:.4f}, bits per byte {ppl['bits_per_byte']:.4f}, token perplexity "
+              f"{ppl['token_perplexity']:.3f} ({ppl['words']:,} words, {ppl['tokens']:,} tokens)")
+    if args.output:
+        atomic_write_json(args.output, out)
     return 0
 
 

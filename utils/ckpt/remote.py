@@ -11,10 +11,10 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
-from utils.checkpoint import MARKER, STEP_RE, check_complete, step_dir_name
+from utils.ckpt.format import MARKER, STEP_RE, check_complete, step_dir_name
 from utils.errors import PiconeoxError
 from utils.storage import Storage, open_storage, parse_gs_url
-from utils.sync import download_tree
+from utils.storage.sync import download_tree
 
 
 def remote_steps(store: Storage) -> dict[int, bool]:

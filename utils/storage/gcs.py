@@ -1,14 +1,7 @@
-"""One small storage interface for data and checkpoints: a local directory or a GCS bucket prefix.
+"""A gs:// bucket prefix through the official client, and the credentials it runs with.
 
-    store = open_storage("gs://my-bucket/data/tiny")      # or "data/tiny", "file:///mnt/nfs/data/tiny"
-    store.list()                  # {"train-0000.npy": ObjectInfo(...), "manifest.json": ...}, one listing
-    store.get("manifest.json", Path("/tmp/manifest.json"))
-    store.put(Path("ckpt/COMPLETE"), "step-100/COMPLETE", if_absent=True)
-
-Both backends verify every byte they move with crc32c and never leave a half-written file under its
-final name: downloads land in `<file>.partial` and are renamed only after the checksum matches.
 GCS calls retry transient errors with backoff inside a bounded deadline (`timeout_s`), so a dead
-server fails within that time instead of minutes per call.
+server fails within that time instead of minutes per call. Imported only when a gs:// URL is opened.
 """
 from __future__ import annotations
 
@@ -16,13 +9,9 @@ import contextlib
 import json
 import logging
 import os
-import re
 import stat
-import tempfile
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import Iterator
 
 import google.auth
 import google_crc32c
@@ -36,220 +25,15 @@ from google.cloud.storage.retry import DEFAULT_RETRY
 from google.oauth2 import credentials as user_credentials
 from google.oauth2 import service_account
 
-from utils.crc import CHUNK, crc32c_b64, crc32c_file, crc32c_from_b64
+from utils.crc import crc32c_b64, crc32c_file, crc32c_from_b64
 from utils.errors import PiconeoxError
+from utils.storage.base import PARTIAL_SUFFIX, ObjectExists, ObjectInfo, Storage, StorageError, _join, safe_relpath
+from utils.storage.local import _verify_file
 
 log = logging.getLogger(__name__)
 
 SCOPES = ["https://www.googleapis.com/auth/devstorage.read_write"]
 UPLOAD_CHUNK_SIZE = 8 << 20  # resumable uploads send 8 MiB chunks (a multiple of 256 KiB, as GCS requires)
-PARTIAL_SUFFIX = ".partial"
-_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
-
-
-class StorageError(PiconeoxError):
-    """A storage operation failed: missing bucket or object, no access, server unreachable, bad checksum."""
-
-
-class ObjectExists(StorageError):
-    """`put(..., if_absent=True)` found the object already there (GCS precondition 412)."""
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    """One stored object as a listing reports it.
-
-    name: path relative to the storage root, '/'-separated.
-    size: bytes.
-    crc32c: CRC32C of the content, or None when the backend was asked not to compute it.
-    generation: GCS object generation (changes on every overwrite); None for local files.
-    """
-
-    name: str
-    size: int
-    crc32c: int | None
-    generation: int | None
-
-
-def safe_relpath(name: str) -> str:
-    """Return `name` if it is a safe relative object path, else raise PiconeoxError.
-
-    This is the traversal guard: a name joined onto a destination directory must stay inside it.
-    Refused: empty names, absolute names, '..' or '.' segments, empty segments ('a//b', 'a/'),
-    backslashes and NUL bytes.
-    """
-    reason = None
-    if not name:
-        reason = "it is empty"
-    elif "\x00" in name:
-        reason = "it contains a NUL byte"
-    elif "\\" in name:
-        reason = "it contains a backslash"
-    elif name.startswith("/"):
-        reason = "it is absolute"
-    elif any(part in ("", ".", "..") for part in name.split("/")):
-        reason = "it has an empty, '.' or '..' segment"
-    if reason:
-        raise PiconeoxError(
-            f"refusing object name {name!r}: {reason}; allowed are relative '/'-separated paths "
-            "without '..', '.', empty segments, backslashes or NUL"
-        )
-    return name
-
-
-class Storage(ABC):
-    """A flat namespace of objects under a root (a local directory or a gs:// bucket prefix)."""
-
-    url: str
-
-    @abstractmethod
-    def list(self, prefix: str = "", *, checksums: bool = True) -> dict[str, ObjectInfo]:
-        """All objects whose relative name starts with `prefix`, recursively, in one listing.
-
-        checksums=False lets a backend that must read the bytes to know a crc32c (local) skip that
-        work and report crc32c=None; GCS always has it.
-        """
-
-    @abstractmethod
-    def get(self, name: str, local_path: Path) -> ObjectInfo:
-        """Download `name` to `local_path` via `<local_path>.partial`, verify crc32c, rename into place."""
-
-    @abstractmethod
-    def put(self, local_path: Path, name: str, *, if_absent: bool = False) -> ObjectInfo:
-        """Upload a file and verify the stored crc32c; with if_absent raise ObjectExists instead of overwriting."""
-
-    @abstractmethod
-    def put_bytes(self, data: bytes, name: str, *, if_absent: bool = False) -> ObjectInfo:
-        """Store a small object (a COMPLETE marker, a manifest) from memory."""
-
-    @abstractmethod
-    def delete(self, name: str) -> None:
-        """Remove an object; a missing object is not an error."""
-
-    @abstractmethod
-    def exists(self, name: str) -> bool:
-        """Whether the object exists."""
-
-    @abstractmethod
-    def child(self, sub: str) -> Storage:
-        """The same backend rooted one or more folders deeper."""
-
-
-def in_flight(filename: str) -> bool:
-    """Whether a local file name is a download (`.partial`) or atomic write (`.name.xxx.tmp`) still
-    under way: such files are not objects yet."""
-    return filename.endswith(PARTIAL_SUFFIX) or (filename.startswith(".") and filename.endswith(".tmp"))
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}/{name}" if prefix else name
-
-
-class LocalStorage(Storage):
-    """A directory used as a bucket: same names, checksums and atomicity as GCS, no account needed."""
-
-    def __init__(self, root: str | os.PathLike):
-        self.root = Path(root)
-        self.url = str(self.root)
-
-    def _path(self, name: str) -> Path:
-        return self.root / safe_relpath(name)
-
-    def list(self, prefix: str = "", *, checksums: bool = True) -> dict[str, ObjectInfo]:
-        found = {}
-        folder, _, _ = prefix.rpartition("/")
-        for dirpath, _dirs, files in os.walk(self._path(folder) if folder else self.root):
-            for file in files:
-                if in_flight(file):
-                    continue
-                path = Path(dirpath, file)
-                name = path.relative_to(self.root).as_posix()
-                if name.startswith(prefix):
-                    crc = crc32c_file(path) if checksums else None
-                    found[name] = ObjectInfo(name, path.stat().st_size, crc, None)
-        return found
-
-    def get(self, name: str, local_path: Path) -> ObjectInfo:
-        source = self._path(name)
-        if not source.is_file():
-            raise StorageError(f"get {self.url}/{name}: no such file")
-        partial = Path(f"{local_path}{PARTIAL_SUFFIX}")
-        try:
-            with open(source, "rb") as src, open(partial, "wb") as dst:
-                crc = _copy_with_crc(src, dst)
-            _verify_file(partial, crc, f"{self.url}/{name}")
-            os.replace(partial, local_path)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-        return ObjectInfo(name, Path(local_path).stat().st_size, crc, None)
-
-    def put(self, local_path: Path, name: str, *, if_absent: bool = False) -> ObjectInfo:
-        with open(local_path, "rb") as src:
-            crc = self._publish(name, lambda dst: _copy_with_crc(src, dst), if_absent)
-        return ObjectInfo(name, Path(local_path).stat().st_size, crc, None)
-
-    def put_bytes(self, data: bytes, name: str, *, if_absent: bool = False) -> ObjectInfo:
-        def write(dst: IO[bytes]) -> int:
-            dst.write(data)
-            return google_crc32c.value(data)
-
-        return ObjectInfo(name, len(data), self._publish(name, write, if_absent), None)
-
-    def _publish(self, name: str, write: Callable[[IO[bytes]], int], if_absent: bool) -> int:
-        """Write to a temp file beside the target, check it, then rename (or hard-link, for if_absent:
-        link() fails if the target exists, which makes "create only if absent" atomic)."""
-        dest = self._path(name)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                crc = write(f)
-            _verify_file(Path(tmp), crc, f"{self.url}/{name}")
-            if if_absent:
-                try:
-                    os.link(tmp, dest)
-                except FileExistsError:
-                    raise ObjectExists(f"put {self.url}/{name}: object already exists") from None
-            else:
-                os.replace(tmp, dest)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-        return crc
-
-    def delete(self, name: str) -> None:
-        path = self._path(name)
-        path.unlink(missing_ok=True)
-        # Drop folders left empty, like GCS, where a folder exists only through its objects.
-        for parent in path.parents:
-            if parent == self.root or not parent.is_relative_to(self.root):
-                break
-            with contextlib.suppress(OSError):
-                parent.rmdir()
-
-    def exists(self, name: str) -> bool:
-        return self._path(name).is_file()
-
-    def child(self, sub: str) -> LocalStorage:
-        return LocalStorage(self._path(sub.strip("/")))
-
-
-def _copy_with_crc(src: IO[bytes], dst: IO[bytes]) -> int:
-    """Stream src into dst, fsync dst, and return the crc32c of the bytes read."""
-    crc = google_crc32c.Checksum()
-    while chunk := src.read(CHUNK):
-        crc.update(chunk)
-        dst.write(chunk)
-    dst.flush()
-    os.fsync(dst.fileno())
-    return int.from_bytes(crc.digest(), "big")
-
-
-def _verify_file(path: Path, expected: int, what: str) -> None:
-    """Re-read a written file and raise StorageError unless its crc32c is `expected`."""
-    got = crc32c_file(path)
-    if got != expected:
-        raise StorageError(f"{what}: crc32c mismatch (local {crc32c_b64(got)}, expected {crc32c_b64(expected)})")
 
 
 class GCSStorage(Storage):
@@ -370,19 +154,6 @@ def _int_or_none(value: object) -> int | None:
     return None if value is None else int(value)
 
 
-def parse_gs_url(url: str) -> tuple[str, str]:
-    """Split 'gs://bucket/some/prefix' into ('bucket', 'some/prefix'), checking both parts."""
-    bucket, _, prefix = url.removeprefix("gs://").partition("/")
-    if not _BUCKET_NAME.match(bucket):
-        raise PiconeoxError(
-            f"bad bucket name {bucket!r} in {url!r}: expected gs://bucket/prefix with a bucket of 3-222 "
-            "lowercase letters, digits, '-', '_' or '.'"
-        )
-    prefix = prefix.strip("/")
-    if prefix:
-        safe_relpath(prefix)
-    return bucket, prefix
-
 
 def _read_key_file(path: Path, source: str) -> dict:
     """The parsed key, or one line naming the file (never quoting it) when it is not a readable JSON key."""
@@ -455,21 +226,3 @@ def resolve_credentials(key_file: str | None) -> tuple[Credentials, str | None]:
             "(see credentials/README.md)"
         ) from None
 
-
-def open_storage(url: str, credentials: str | None = None, *, timeout_s: float = 60) -> Storage:
-    """Open 'gs://bucket/prefix' (GCSStorage) or a local directory, plain or 'file://' (LocalStorage).
-
-    credentials: a key file for gs:// URLs (ignored for local ones). timeout_s bounds each call,
-    retries included.
-    """
-    if not timeout_s > 0:
-        raise PiconeoxError(f"storage timeout must be a positive number of seconds, got {timeout_s}")
-    if url.startswith("gs://"):
-        bucket, prefix = parse_gs_url(url)
-        creds, project = resolve_credentials(credentials)
-        client = storage.Client(project=project, credentials=creds)
-        return GCSStorage(client, bucket, prefix, timeout_s=timeout_s)
-    path = url.removeprefix("file://")
-    if not path or "://" in path:
-        raise PiconeoxError(f"unsupported storage location {url!r}: use gs://bucket/prefix, file:///path or a local path")
-    return LocalStorage(path)

@@ -1,7 +1,7 @@
 """Checkpoints persisted off the training thread: every rank writes and uploads its own shard; rank 0 completes.
 
-The training thread only copies its shard off the device (`checkpoint.capture`) and hands the snapshot to
-`submit()`. On every rank one non-daemon thread then writes the shard (`checkpoint.write_shards`, a DCP save:
+The training thread only copies its shard off the device (`Checkpointer.capture`) and hands the snapshot to
+`submit()`. On every rank one non-daemon thread then writes the shard (`ckpt.write_shards`, a DCP save:
 a collective among these threads on their own gloo group), hashes and uploads this rank's files to
 `<bucket>/<run>/step-XXXXXXXX/`, and reports to rank 0. Rank 0 writes the COMPLETE marker (every file with
 its size and crc32c) only when every rank reported success, locally and then to the bucket, and tells every
@@ -10,7 +10,7 @@ rotates its local step folders. With `background=False` the same work runs insid
 (`--no-background-upload`). best/ (weights only, rank 0) is written locally, never uploaded.
 
     uploader = CheckpointUploader(open_storage("gs://b/ckpt").child(run), keep_remote=3, keep_local=3)
-    uploader.submit(SaveRequest(ckpt.capture(...), run_dir / "step-00000100"))
+    uploader.submit(SaveRequest(checkpointer.capture(step), run_dir / "step-00000100"))
     for result in uploader.poll(): ...      # every step: outcomes are logged and counted here
     uploader.close()                        # every exit path: flush with a progress bar
 
@@ -37,9 +37,10 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from utils import checkpoint as ckpt
+from utils import ckpt
+from utils.ckpt.remote import steps_in
+from utils.distributed import broadcast_object, gather_object
 from utils.errors import PiconeoxError
-from utils.remote_checkpoint import steps_in
 from utils.storage import ObjectExists, Storage
 
 log = logging.getLogger("piconeox")
@@ -49,7 +50,7 @@ log = logging.getLogger("piconeox")
 class SaveRequest:
     """A captured checkpoint to persist.
 
-    snapshot: the state, already on the CPU (`checkpoint.capture`).
+    snapshot: the state, already on the CPU (`Checkpointer.capture`).
     folder: the local destination, e.g. checkpoints/<run>/step-00000100 or checkpoints/<run>/best.
     weights_only: best/: weights only, kept local (not uploaded, not rotated).
     """
@@ -99,10 +100,10 @@ class CheckpointUploader:
 
     store: the run's remote folder (`open_storage(bucket).child(run)`), or None to only write locally.
     keep_remote: complete remote checkpoints to keep (>= 2, so a fallback always exists).
-    keep_local: complete local step folders to keep (`checkpoint.rotate`).
+    keep_local: complete local step folders to keep (`ckpt.rotate`).
     max_failures: failures in a row after which `fatal` is set (>= 1).
     background: False runs each save inside `submit()`.
-    group: the savers' process group (`checkpoint.checkpoint_group()`), None in a single process.
+    group: the savers' process group (`distributed.checkpoint_group()`), None in a single process.
     rank: this process's global rank; rotate_local: whether this process rotates its machine's step folders.
     """
 
@@ -299,9 +300,9 @@ class CheckpointUploader:
         except Exception as e:  # reported in any case, or rank 0 would wait for this rank forever
             why = str(e) if isinstance(e, (PiconeoxError, OSError)) else f"{type(e).__name__}: {e}"
             failed = ("upload" if files else "write", why)
-        reports = self._gather((failed, files))
+        reports = gather_object((failed, files), self.group) if self.group is not None else [(failed, files)]
         outcome = self._complete(snap, folder, reports) if self.rank == 0 else None
-        error, url, note = self._broadcast(outcome)
+        error, url, note = broadcast_object(outcome, self.group) if self.group is not None else outcome
         if error is None or error.startswith("upload"):  # the marker is on disk: complete locally
             self.completed.add(snap.step)
         if self.rotate_local:  # also when the upload failed: a bucket that is down must not fill the disk
@@ -332,25 +333,6 @@ class CheckpointUploader:
         except (PiconeoxError, OSError) as e:
             return f"upload failed: {e}", None, ""
         return None, url, note
-
-    def _gather(self, report) -> list:
-        """Every rank's report, on rank 0 (elsewhere None)."""
-        if self.group is None:
-            return [report]
-        import torch.distributed as dist
-
-        reports = [None] * dist.get_world_size() if self.rank == 0 else None
-        dist.gather_object(report, reports, dst=0, group=self.group)
-        return reports
-
-    def _broadcast(self, outcome):
-        if self.group is None:
-            return outcome
-        import torch.distributed as dist
-
-        box = [outcome]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
 
     def _upload_own(self, folder: Path, files: dict) -> None:
         """Upload this rank's files, unless the step is already complete in the bucket (never overwritten)."""
