@@ -19,7 +19,7 @@ from pathlib import Path
 from utils.atomic import check_writable_dir
 from utils.errors import CliParser, Interrupted, PiconeoxError, cli
 from utils.storage import open_storage
-from utils.sync import SyncSummary, download_tree, upload_tree
+from utils.storage.sync import SyncSummary, download_tree, upload_tree
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,10 +27,10 @@ from tqdm import tqdm
 
 from utils.atomic import check_writable_dir
 from utils.crc import INDEX_NAME, CrcIndex
-from utils.documents import DECODE_ERRORS, INPUT_HELP, Source, TextFile, resolve_inputs
+from utils.data.documents import DECODE_ERRORS, INPUT_HELP, Source, TextFile, resolve_inputs
 from utils.errors import CliParser, Interrupted, PiconeoxError, cli
-from utils.shards import MANIFEST_FILE, SPLITS, Manifest, ShardWriter, read_manifest, token_dtype, write_manifest
-from utils.tokenizers import (KINDS, TOKENIZER_FILE, build_tokenizer, check_vocab_size, checkpoint_tokenizer,
+from utils.data.shards import MANIFEST_FILE, SPLITS, Manifest, ShardWriter, read_manifest, token_dtype, write_manifest
+from utils.data.tokenizers import (KINDS, TOKENIZER_FILE, build_tokenizer, check_vocab_size, checkpoint_tokenizer,
                               encode_batches, file_sha256, missing_chars, save_tokenizer, tokenizer_kind)
 
 DEFAULT_SHARD_TOKENS = 50_000_000  # 100 MB per uint16 shard

@@ -166,7 +166,7 @@ def check_new_run(args, run_dir: Path, log_dir: Path) -> None:
 def prepare_data_dir(train_cfg, accelerator, credentials: str | None) -> Path:
     """The local dataset directory: `demo` is prepared on first use (one process per machine first); gs:// is
     synced here only by a single process: with more, start_training.sh syncs it before the launch."""
-    from utils.shards import verify_dataset
+    from utils.data.shards import verify_dataset
 
     local = check_data_arg(train_cfg)
     if local is not None:
@@ -186,7 +186,7 @@ def prepare_data_dir(train_cfg, accelerator, credentials: str | None) -> Path:
         raise PiconeoxError(f"--data {train_cfg.data}: {accelerator.num_processes} processes cannot sync it; launch with "
                             "./start_training.sh (it syncs once per machine first) or download it with "
                             "download_training_data.py and pass the folder")
-    from utils.sync import ensure_local
+    from utils.storage.sync import ensure_local
 
     return ensure_local(train_cfg.data, DATA_CACHE, credentials)
 
@@ -231,12 +231,12 @@ def check_gcs_settings(args, cfg) -> None:
 def preflight(args, cfg, pretrained) -> Path | None:
     """What runs before the launch: check the settings, output folders, --data (verified), --init-from, --resume
     and gs:// settings (no GPU), then sync a gs:// --data into this machine's cache and return that folder."""
-    from utils import checkpoint as ckpt
+    from utils import ckpt
     from utils.distributed import check_timeout
     from utils.preemption import StopRequest
-    from utils.shards import verify_dataset
-    from utils.sync import ensure_local
-    from utils.uploader import CheckpointUploader
+    from utils.data.shards import verify_dataset
+    from utils.storage.sync import ensure_local
+    from utils.ckpt.uploader import CheckpointUploader
 
     if (local := check_data_arg(cfg.train)) is not None:
         dataset = verify_dataset(local)  # hashes the shards on first use; the launched run then finds them cached
@@ -264,7 +264,7 @@ def weights_come_from_rank0(accelerator) -> bool:
 def publish_final(last: Path, final: Path, consolidate: bool, log) -> None:
     """final/: the last step (hard links) plus its weights consolidated for from_pretrained; a stop on a signal
     skips the consolidation (no time for it) and says how to do it later."""
-    from utils import checkpoint as ckpt
+    from utils import ckpt
     from utils.consolidate import consolidate_into
 
     reason = ckpt.check_complete(last)
@@ -287,7 +287,7 @@ def use_activation_checkpointing(cfg, accelerator, cuda: bool) -> bool:
     import torch
     from accelerate.utils import DistributedType
 
-    from utils.plan import needs_activation_checkpointing, plan
+    from configs.plan import needs_activation_checkpointing, plan
 
     device_bytes = torch.cuda.get_device_properties(accelerator.device).total_memory
     sharded = accelerator.distributed_type == DistributedType.FSDP
@@ -296,7 +296,7 @@ def use_activation_checkpointing(cfg, accelerator, cuda: bool) -> bool:
 
 def check_resumable(resumed: dict | None, resume_from, cfg, data_dir: Path) -> str:
     """Refuse a checkpoint of another model shape or tokenizer; return the dataset's tokenizer sha256."""
-    from utils.shards import verify_dataset
+    from utils.data.shards import verify_dataset
 
     expected_tokenizer = None
     if resumed:
@@ -389,7 +389,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
             print(synced)  # start_training.sh passes this folder as the run's --data
         return 0
     if args.print_plan:
-        from utils.plan import format_plan, plan
+        from configs.plan import format_plan, plan
 
         print(format_plan(plan(cfg, gpus=args.gpus)))
         return 0
@@ -400,17 +400,17 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
 
     from configs.model import count_parameters
     from configs.presets import RunConfig
-    from utils import checkpoint as ckpt
+    from utils import ckpt
     from utils.distributed import describe, group_timeout, make_accelerator
-    from utils.loader import BlockLoader
+    from utils.data.loader import BlockLoader
     from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
-    from utils import resume
+    from utils.ckpt import resume
     from utils.preemption import StopRequest, StopVote
     from utils.storage import open_storage
-    from utils.sync import host_dir
-    from utils.tokenizers import load_tokenizer
-    from utils.uploader import CheckpointUploader, SaveRequest, UploadFailed
+    from utils.storage.sync import host_dir
+    from utils.data.tokenizers import load_tokenizer
+    from utils.ckpt.uploader import CheckpointUploader, SaveRequest, UploadFailed
 
     tc = cfg.train
     transformers.utils.logging.disable_progress_bar()  # save_pretrained's shard bar would break our own bar

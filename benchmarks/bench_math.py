@@ -30,7 +30,7 @@ def step_times(preset: str, rounds: int, steps: int) -> dict[tuple[str, str], fl
 
     from configs.model import build_model
     from configs.presets import resolve_config
-    from train import lm_loss
+    from utils.lm import lm_loss
     from utils.optim import build_optimizer
 
     cfg = resolve_config(preset, None, {})

@@ -26,7 +26,7 @@ from google.cloud import storage  # noqa: E402
 
 from tests.gcs_servers import start_fake_gcs  # noqa: E402
 from utils.storage import GCSStorage  # noqa: E402
-from utils.sync import INDEX_NAME, download_tree  # noqa: E402
+from utils.storage.sync import INDEX_NAME, download_tree  # noqa: E402
 
 
 def counting_client(host: str) -> tuple[storage.Client, list[str]]:

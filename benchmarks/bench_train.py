@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -21,10 +22,10 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-import train  # noqa: E402
 from configs.presets import resolve_config  # noqa: E402
 from configs.model import build_model  # noqa: E402
 from prepare_data import prepare  # noqa: E402
+from utils.lm import lm_loss  # noqa: E402
 from utils.optim import build_optimizer  # noqa: E402
 
 WARMUP = 5
@@ -40,7 +41,7 @@ def bare_loop(cfg, steps: int) -> float:
     for _ in range(WARMUP + steps):
         x = torch.randint(0, cfg.model.vocab_size, (tc.micro_batch_size, tc.seq_len))
         t0 = time.perf_counter()
-        loss = train.lm_loss(model, x, x)
+        loss = lm_loss(model, x, x)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -52,11 +53,12 @@ def bare_loop(cfg, steps: int) -> float:
 
 def trainer_loop(args, data: Path, out: Path) -> float:
     """Median seconds per step as train.py measures it (loader, accelerate, clipping, logging included)."""
-    code = train.main(["--config", args.preset, "--data", str(data), "--max-steps", str(WARMUP + args.steps),
-                       "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--eval-every", "100000",
-                       "--save-every", "100000", "--log-every", "1", "--output-dir", str(out / "ckpt"),
-                       "--log-dir", str(out / "logs"), "--run-name", "bench", "--sample-prompt", "a"])
-    assert code == 0
+    # train.py as users run it, in its own process (the bare loop runs in this one, after it)
+    subprocess.run([sys.executable, str(REPO / "train.py"), "--config", args.preset, "--data", str(data),
+                    "--max-steps", str(WARMUP + args.steps), "--seq-len", str(args.seq_len), "--batch-size",
+                    str(args.batch_size), "--eval-every", "100000", "--save-every", "100000", "--log-every", "1",
+                    "--output-dir", str(out / "ckpt"), "--log-dir", str(out / "logs"), "--run-name", "bench",
+                    "--sample-prompt", "a"], check=True)
     history = json.loads((out / "logs" / "bench" / "history.json").read_text())
     return statistics.median([h["train/step_time_s"] for h in history if "train/step_time_s" in h][WARMUP:])
 

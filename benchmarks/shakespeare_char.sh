@@ -44,7 +44,7 @@ import torch.nn.functional as F
 kind, ckpt, data = sys.argv[1:4]
 if kind == "piconeox":
     from utils.generate import load_checkpoint_model
-    from utils.shards import open_shard, read_manifest
+    from utils.data.shards import open_shard, read_manifest
 
     model, _ = load_checkpoint_model(ckpt)
     m = read_manifest(data)

@@ -163,7 +163,7 @@ def format_plan(p: Plan) -> str:
     ]
     for label, attr in rows:
         lines.append(f"  {label:<28} {getattr(p.ddp, attr) / size:>10.2f} {getattr(p.fsdp, attr) / size:>10.2f}")
-    lines.append("  (estimates: see utils/plan.py; add ~1 GiB for the CUDA context and allocator slack)")
+    lines.append("  (estimates: see configs/plan.py; add ~1 GiB for the CUDA context and allocator slack)")
     return "\n".join(lines)
 
 

@@ -27,6 +27,7 @@ from rp2040.runtime import modelfile as mf
 from rp2040.runtime import tokenizer as vf
 from rp2040.runtime.gpt import buffer_bytes, plan_buffers
 from utils.atomic import atomic_write, atomic_write_json
+from utils.ckpt.format import find_checkpoint
 from utils.errors import PiconeoxError, cli
 
 DEFAULT_RAM_BUDGET_KB = 180
@@ -77,21 +78,6 @@ class Shape:
                    config.intermediate_size, config.max_position_embeddings, rotary, float(config.layer_norm_eps),
                    float(rope.get("rope_theta", 10000.0)), bool(config.tie_word_embeddings),
                    bool(config.use_parallel_residual))
-
-
-def resolve_checkpoint(path: Path) -> Path:
-    """The model folder inside what the user named: an HF dir, a step folder, or a run dir (best/ or final/)."""
-    if not path.is_dir():
-        raise PiconeoxError(f"checkpoint {path} is not a directory")
-    step = path.name.startswith("step-")
-    if step and not (path / "COMPLETE").exists():
-        raise PiconeoxError(f"{path} has no COMPLETE marker: it was not fully written; pick a completed step")
-    if (path / "config.json").is_file() and ((path / "model.safetensors").is_file() or (path / ".metadata").is_file()):
-        return path
-    for sub in ("best", "final"):
-        if (path / sub / "config.json").is_file():
-            return path / sub
-    raise PiconeoxError(f"{path} holds no model: expected config.json + model.safetensors, or a run dir with best/ or final/")
 
 
 def quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -352,12 +338,12 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
         raise PiconeoxError(f"--ram-budget-kb {ram_budget_kb} must be a positive number of KB")
     if min_free_kb < 0:
         raise PiconeoxError(f"--min-free-kb {min_free_kb} must be >= 0")
-    src = resolve_checkpoint(Path(checkpoint))
+    src = find_checkpoint(checkpoint)
     if not (src / "tokenizer.json").is_file():
         raise PiconeoxError(f"{src} has no tokenizer.json: the device needs it to encode and decode text")
     from transformers.utils import logging as hf_logging
 
-    from utils.consolidate import load_model  # heavy: only once the arguments are known good
+    from utils.ckpt import load_model  # heavy: only once the arguments are known good
 
     hf_logging.disable_progress_bar()  # a 1-second load needs no bar; stderr stays one line on error
     model = load_model(src)  # checked against the marker's crc32c when there is one

@@ -15,10 +15,10 @@ import torch
 
 import train
 from configs.model import ModelConfig, build_model
-from utils import checkpoint as ckpt
+from utils import ckpt
 from utils.distributed import make_accelerator
 from utils.optim import build_optimizer
-from utils.tokenizers import load_tokenizer
+from utils.data.tokenizers import load_tokenizer
 
 MB = 1 << 20
 

@@ -8,9 +8,9 @@ import torch
 
 import train
 from prepare_data import main as prepare_main, prepare
-from utils.loader import BlockLoader
-from utils.shards import read_manifest
-from utils.tokenizers import file_sha256
+from utils.data.loader import BlockLoader
+from utils.data.shards import read_manifest
+from utils.data.tokenizers import file_sha256
 
 from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (the fixture resets accelerate)
 

@@ -13,7 +13,7 @@ import train
 from tests.conftest import REPO
 from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
 from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils import checkpoint as ckpt
+from utils import ckpt
 from utils.errors import PiconeoxError
 from utils.preemption import StopRequest
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from prepare_data import prepare
-from utils.demo_corpus import generate_stories
+from utils.data.demo_corpus import generate_stories
 from utils.errors import PiconeoxError
-from utils.shards import read_manifest, verify_dataset
-from utils.tokenizers import EOT, load_tokenizer
+from utils.data.shards import read_manifest, verify_dataset
+from utils.data.tokenizers import EOT, load_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""utils/storage.py against real servers on 127.0.0.1 and a local directory, through the official client."""
+"""utils/storage/ against real servers on 127.0.0.1 and a local directory, through the official client."""
 import json
 import logging
 import os

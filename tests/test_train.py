@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import train
-from utils import checkpoint as ckpt
+from utils import ckpt
 
 TINY = ["--config", "test", "--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
         "model.num_heads=4", "--set", "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4",
@@ -95,10 +95,10 @@ def test_checkpoint_of_compiled_model_loads_into_plain_model(tmp_path, tiny_data
     from accelerate import Accelerator
 
     from configs.model import MODEL_PRESETS, build_model
-    from utils.loader import BlockLoader
+    from utils.data.loader import BlockLoader
     from utils.metrics import MetricsWriter
     from utils.optim import build_optimizer, build_scheduler
-    from utils.tokenizers import load_tokenizer
+    from utils.data.tokenizers import load_tokenizer
 
     cfg = MODEL_PRESETS["rp2040-speed"]
     accelerator = Accelerator(cpu=True)
@@ -107,13 +107,15 @@ def test_checkpoint_of_compiled_model_loads_into_plain_model(tmp_path, tiny_data
     compiled = torch.compile(model, backend="eager")  # the real inductor costs ~1 min on CPU; the wrapper is the same
     unwrapped = accelerator.unwrap_model(compiled, keep_torch_compile=False)
     loader = BlockLoader(tiny_data, "train", 16, 2)
-    snap = ckpt.capture(1, unwrapped, optimizer.optimizer, build_scheduler(optimizer, 1, 10, 0.1), None, loader,
-                        train.TrainerState(), MetricsWriter(tmp_path, True), {}, load_tokenizer(tiny_data))
+    parts = ckpt.training_parts(build_scheduler(optimizer, 1, 10, 0.1), None, loader, ckpt.TrainerState(),
+                                MetricsWriter(tmp_path, True))
+    snap = ckpt.Checkpointer(unwrapped, optimizer.optimizer, parts, run_config={},
+                             tokenizer=load_tokenizer(tiny_data)).capture(1)
     folder = tmp_path / "step-00000001"
     ckpt.write_marker(folder, 1, 1, ckpt.manifest(folder, ckpt.write_shards(snap, folder)))
     from torch.distributed.checkpoint import FileSystemReader
 
-    from utils.consolidate import load_model
+    from utils.ckpt import load_model
 
     keys = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
     assert "model.gpt_neox.embed_in.weight" in keys and not [k for k in keys if "_orig_mod" in k]
@@ -224,7 +226,7 @@ def test_activation_checkpointing_gives_the_same_losses(tmp_path, tiny_data):
 
 def test_production_turns_activation_checkpointing_on_for_small_gpus():
     from configs.presets import resolve_config
-    from utils.plan import GIB, needs_activation_checkpointing, plan
+    from configs.plan import GIB, needs_activation_checkpointing, plan
 
     cfg = resolve_config("production")
     assert cfg.train.activation_checkpointing == "auto"

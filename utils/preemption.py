@@ -26,6 +26,12 @@ from utils.errors import PiconeoxError
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def check_grace_seconds(grace_seconds: float) -> None:
+    """--grace-seconds must be a positive, finite number."""
+    if not (isinstance(grace_seconds, (int, float)) and math.isfinite(grace_seconds) and grace_seconds > 0):
+        raise PiconeoxError(f"--grace-seconds {grace_seconds}: must be a positive number of seconds (default 30)")
+
+
 class StopRequest:
     """A latch for "stop cleanly": set by a signal or by the trainer, agreed on by all ranks.
 
@@ -35,8 +41,7 @@ class StopRequest:
     """
 
     def __init__(self, grace_seconds: float = 30.0):
-        if not (isinstance(grace_seconds, (int, float)) and math.isfinite(grace_seconds) and grace_seconds > 0):
-            raise PiconeoxError(f"--grace-seconds {grace_seconds}: must be a positive number of seconds (default 30)")
+        check_grace_seconds(grace_seconds)
         self.grace_seconds = float(grace_seconds)
         self.reason: str | None = None
         self.stopping = False
