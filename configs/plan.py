@@ -25,9 +25,41 @@ from dataclasses import dataclass
 from configs.model import build_model, count_parameters
 from configs.presets import RunConfig
 from utils.errors import PiconeoxError
-from utils.metrics import model_flops_per_token
 
 MIB, GIB = 1024**2, 1024**3
+
+
+def matmul_params(model_cfg) -> int:
+    """Parameters that do multiply-adds for every token in a GPT-NeoX of this shape (configs.model.ModelConfig).
+
+    = all decoder layers (QKV, attention output, both MLP matrices, their biases, both LayerNorms), the
+    final LayerNorm, and the output projection (lm_head, vocab x hidden: a real matmul even when tied).
+    The input embedding is a table lookup with no FLOPs and is left out. This is Kaplan et al.'s
+    "non-embedding" N plus lm_head, as nanoGPT's MFU counts it.
+    """
+    h, i, v = model_cfg.hidden_size, model_cfg.intermediate_size, model_cfg.vocab_size
+    per_layer = (
+        h * 3 * h + 3 * h  # query_key_value
+        + h * h + h  # attention dense
+        + h * i + i  # dense_h_to_4h
+        + i * h + h  # dense_4h_to_h
+        + 2 * 2 * h  # input_layernorm, post_attention_layernorm (weight + bias)
+    )
+    return model_cfg.num_layers * per_layer + 2 * h + v * h
+
+
+def model_flops_per_token(model_cfg, seq_len: int) -> float:
+    """Training FLOPs per token: 6N + 12 * L * d_model * T.
+
+    From PaLM (Chowdhery et al. 2022, appendix B; as in Chinchilla, Hoffmann et al. 2022): forward 2N
+    plus backward 4N for the weight matmuls, with N = `matmul_params` (see there which N), plus
+    12 * layers * (heads * head_dim = d_model) * seq_len for the attention score and value matmuls
+    (the full T x T, causal masking not subtracted, as PaLM counts it). Activation recomputation is
+    not counted: this is model FLOPs, not hardware FLOPs.
+    """
+    n = matmul_params(model_cfg)
+    return 6.0 * n + 12.0 * model_cfg.num_layers * model_cfg.hidden_size * seq_len
+
 
 
 @dataclass(frozen=True)

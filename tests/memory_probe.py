@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-import train
 from configs.model import ModelConfig, build_model
 from utils import ckpt
-from utils.distributed import make_accelerator
+from utils.distributed import checkpoint_group, make_accelerator, weights_come_from_rank0
+from utils.lm import lm_loss
 from utils.optim import build_optimizer
 from utils.data.tokenizers import load_tokenizer
 
@@ -46,13 +46,13 @@ import transformers.models.gpt_neox.modeling_gpt_neox  # noqa: E402,F401 (import
 from accelerate import init_empty_weights  # noqa: E402,F401
 
 before = rss()
-model = build_model(cfg, shapes_only=train.weights_come_from_rank0(accelerator))
+model = build_model(cfg, shapes_only=weights_come_from_rank0(accelerator))
 build = rss() - before
 params = sum(p.numel() for p in model.parameters())
 optimizer = build_optimizer(model, 1e-3, 0.1, (0.9, 0.95))
 model, optimizer = accelerator.prepare(model, optimizer)
 x = torch.randint(0, 256, (1, 8))
-train.lm_loss(model, x, x).backward()
+lm_loss(model, x, x).backward()
 optimizer.step()
 optimizer.zero_grad(set_to_none=True)
 unwrapped = accelerator.unwrap_model(model)
@@ -62,8 +62,8 @@ base = reset_peak()
 snap = ckpt.Snapshot(step=1, rank=rank, world_size=accelerator.num_processes,
                      state=ckpt.stage(ckpt.sharded_state(unwrapped, optimizer.optimizer)), weights=None,
                      rng=ckpt.rng_state(), hf_config=unwrapped.config, tokenizer=load_tokenizer(data),
-                     common={"scheduler": {}, "scaler": None, "loader": {}, "trainer": {}, "metrics": {}, "run_config": {}})
-ckpt.write_shards(snap, folder, ckpt.checkpoint_group())
+                     common={"run_config": ("json", {})})
+ckpt.write_shards(snap, folder, checkpoint_group())
 save = peak() - base
 del snap
 accelerator.wait_for_everyone()

@@ -1,6 +1,7 @@
 """train.py end to end on CPU: learning, exact resume, checkpoints, limits and bad input."""
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,7 @@ def test_resume_gives_the_losses_of_an_uninterrupted_run(tmp_path, tiny_data):
     _, straight, _ = run(tmp_path / "a", tiny_data, *common)
     _, _, run_dir = run(tmp_path / "b", tiny_data, *common)
     for folder in ("step-00000020", "final", "best"):  # as if it had died right after saving step 10
-        ckpt.shutil.rmtree(run_dir / folder, ignore_errors=True)
+        shutil.rmtree(run_dir / folder, ignore_errors=True)
     code, resumed, _ = run(tmp_path / "b", tiny_data, *common, "--resume", "auto")
     assert code == 0 and len(straight) == 20
     assert len(resumed) == 20  # history.json keeps steps 1-10 and appends the resumed 11-20

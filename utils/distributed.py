@@ -185,3 +185,10 @@ def rank0_decides(decide: Callable[[], T], is_main: bool) -> T:
     if error:
         raise PiconeoxError(error if is_main else f"rank 0: {error}")
     return result
+
+
+def weights_come_from_rank0(accelerator) -> bool:
+    """FSDP2 with cpu_ram_efficient_loading: prepare() shards rank 0's weights to every rank, so the others
+    build shapes only (the host holds one fp32 model, not one per rank)."""
+    plugin = accelerator.state.fsdp_plugin if accelerator.is_fsdp2 else None
+    return bool(plugin and plugin.cpu_ram_efficient_loading and not accelerator.is_main_process)

@@ -1,4 +1,5 @@
-"""What a run reports: log file, tracker scalars (TensorBoard, W&B, ...), history.json, loss plot, progress bar, FLOPs/MFU, GPU stats.
+"""What a run reports: log file, tracker scalars (TensorBoard, W&B, ...), history.json, loss plot, progress bar,
+tokens/s, MFU, GPU stats.
 
 Only the main process writes anything; on other ranks every writer is a no-op, so the training loop can
 call them unconditionally.
@@ -8,6 +9,8 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import time
+from collections import deque
 from pathlib import Path
 
 import yaml
@@ -175,6 +178,29 @@ class ProgressBar:
         self._bar.close()
 
 
+
+class Throughput:
+    """Tokens/s from the steps between two loss reads (the only host syncs), and averaged since the last eval."""
+
+    def __init__(self, step: int, tokens_per_step: int):
+        self.tokens_per_step, self.since = tokens_per_step, (time.time(), step)
+        self.recent_losses: deque[float] = deque(maxlen=100)  # for the bar's running average
+        self.tokens, self.seconds = 0, 0.0
+
+    def read(self, step: int, loss: float) -> tuple[float, float, float]:
+        """(seconds per step, tokens/s, running mean loss) at a loss read; GPU work included, .item() waited."""
+        steps = step - self.since[1]
+        dt = (time.time() - self.since[0]) / steps
+        self.since = (time.time(), step)
+        self.tokens, self.seconds = self.tokens + steps * self.tokens_per_step, self.seconds + steps * dt
+        self.recent_losses.append(loss)
+        return dt, self.tokens_per_step / dt, sum(self.recent_losses) / len(self.recent_losses)
+
+    def since_last_eval(self) -> float:
+        """Mean tokens/s since the previous call (the eval line's figure, not just this step's)."""
+        tok_s, self.tokens, self.seconds = self.tokens / self.seconds, 0, 0.0
+        return tok_s
+
 def _fmt(key: str, value: float | None) -> str:
     if value is None:
         return "n/a"
@@ -183,38 +209,6 @@ def _fmt(key: str, value: float | None) -> str:
     if key == "tok_s":
         return f"{value:,.0f}"
     return f"{value:.4f}"
-
-
-def matmul_params(model_cfg) -> int:
-    """Parameters that do multiply-adds for every token in a GPT-NeoX of this shape (configs.model.ModelConfig).
-
-    = all decoder layers (QKV, attention output, both MLP matrices, their biases, both LayerNorms), the
-    final LayerNorm, and the output projection (lm_head, vocab x hidden: a real matmul even when tied).
-    The input embedding is a table lookup with no FLOPs and is left out. This is Kaplan et al.'s
-    "non-embedding" N plus lm_head, as nanoGPT's MFU counts it.
-    """
-    h, i, v = model_cfg.hidden_size, model_cfg.intermediate_size, model_cfg.vocab_size
-    per_layer = (
-        h * 3 * h + 3 * h  # query_key_value
-        + h * h + h  # attention dense
-        + h * i + i  # dense_h_to_4h
-        + i * h + h  # dense_4h_to_h
-        + 2 * 2 * h  # input_layernorm, post_attention_layernorm (weight + bias)
-    )
-    return model_cfg.num_layers * per_layer + 2 * h + v * h
-
-
-def model_flops_per_token(model_cfg, seq_len: int) -> float:
-    """Training FLOPs per token: 6N + 12 * L * d_model * T.
-
-    From PaLM (Chowdhery et al. 2022, appendix B; as in Chinchilla, Hoffmann et al. 2022): forward 2N
-    plus backward 4N for the weight matmuls, with N = `matmul_params` (see there which N), plus
-    12 * layers * (heads * head_dim = d_model) * seq_len for the attention score and value matmuls
-    (the full T x T, causal masking not subtracted, as PaLM counts it). Activation recomputation is
-    not counted: this is model FLOPs, not hardware FLOPs.
-    """
-    n = matmul_params(model_cfg)
-    return 6.0 * n + 12.0 * model_cfg.num_layers * model_cfg.hidden_size * seq_len
 
 
 # Dense (no sparsity) 16-bit tensor-core peak per device, FLOP/s, from NVIDIA datasheets; bf16 and fp16

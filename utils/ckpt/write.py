@@ -15,7 +15,7 @@ from typing import Iterator
 import torch
 
 from utils.atomic import atomic_write, atomic_write_json
-from utils.ckpt.format import DCP_INDEX, MARKER, manifest, read_marker, rng_name, write_marker
+from utils.ckpt.format import DCP_INDEX, MARKER, check_complete, manifest, read_marker, rng_name, write_marker
 from utils.ckpt.load import checked, read_weights
 from utils.ckpt.state import Snapshot
 from utils.errors import PiconeoxError
@@ -147,3 +147,18 @@ def consolidate(folder: Path, out: Path) -> Path:
     write_marker(tmp, marker["step"], marker.get("world_size", 1),
                  manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
     return swap_into_place(tmp, out)
+
+
+def publish_final(last: Path, final: Path, consolidate_weights: bool, log) -> None:
+    """final/: the last step (hard links) plus its weights consolidated for from_pretrained; a stop on a signal
+    skips the consolidation (no time for it) and says how to do it later."""
+    reason = check_complete(last)
+    if reason:  # the save failed, or several machines hold the shards (the bucket has them all)
+        log.warning(f"final/ not written: {reason}")
+        return
+    if not consolidate_weights:
+        link_copy(last, final)
+        log.info(f"{final}: resumable; for from_pretrained weights run python -m utils.consolidate {last} --out DIR")
+        return
+    with consolidate_into(last) as weights:
+        link_copy(last, final, extra=weights)

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from utils.crc import INDEX_NAME, CrcIndex
 from utils.errors import PiconeoxError
-from utils.storage import (PARTIAL_SUFFIX, ObjectInfo, Storage, in_flight, safe_relpath)
+from utils.storage import PARTIAL_SUFFIX, ObjectInfo, Storage, in_flight, safe_relpath
 
 __all__ = ["SyncSummary", "CrcIndex", "download_tree", "upload_tree", "host_dir", "safe_relpath"]
 
