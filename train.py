@@ -12,13 +12,11 @@ import argparse
 import contextlib
 import math
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from utils.atomic import check_writable_dir
 from utils.errors import CliParser, PiconeoxError, cli
 
 # Shortcuts for the most used train.* settings (same as --set train.KEY=VALUE).
@@ -51,10 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="override any setting, e.g. --set model.num_layers=6 (repeatable)")
     p.add_argument("--data", help="prepared dataset dir, gs://bucket/prefix of one, or `demo`")
     p.add_argument("--print-plan", action="store_true", help="print parameters, batch, tokens and memory per GPU, then exit")
-    p.add_argument("--preflight", action="store_true", help="only check the settings, --data, --resume and gs:// "
-                   "settings, sync a gs:// --data into data/gcs-cache/<host>/ and print that folder, then exit "
-                   "(start_training.sh runs this first, once per machine: a mistake costs one line, and no rank "
-                   "waits for a download)")
+    p.add_argument("--preflight", action="store_true", help="check every setting, sync a gs:// --data into "
+                   "data/gcs-cache/<host>/, print that folder and exit (start_training.sh runs it once per machine)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan (default 1)")
     p.add_argument("--no-background-upload", dest="background_upload", action="store_const", const="false",
                    help="= --set run.background_upload=false: write and upload checkpoints synchronously")
@@ -88,25 +84,10 @@ def overrides_from_args(args) -> dict[str, str]:
 # --- before the launch --------------------------------------------------------------------------------------
 
 def run_dirs(cfg) -> tuple[str, Path, Path]:
-    """(run name, checkpoints/<run>, logs/<run>); refuses a run name that is not a plain folder name."""
+    """(run name, checkpoints/<run>, logs/<run>); the name defaults to <preset>-<dataset>."""
     from utils.data.source import data_name
 
-    run = cfg.run.run_name or f"{cfg.preset}-{data_name(cfg.train)}"
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", run):
-        raise PiconeoxError(f"--run-name {run!r} is not allowed: use letters, digits, '.', '_' and '-'")
-    return run, Path(cfg.run.output_dir) / run, Path(cfg.run.log_dir) / run
-
-
-def check_new_run(cfg, run_dir: Path, log_dir: Path) -> None:
-    """A run without --resume never writes into an earlier run's folders (its best/ and logs would be lost)."""
-    check_writable_dir(run_dir, "--output-dir")
-    check_writable_dir(log_dir, "--log-dir")
-    if cfg.run.resume:
-        return
-    for folder in (run_dir, log_dir):
-        if folder.is_dir() and any(folder.iterdir()):
-            raise PiconeoxError(f"{folder} holds an earlier run: pass --resume auto to continue it, or --run-name NAME "
-                                "(after `--` for start_training.sh) to start a new one beside it")
+    return cfg.run.folders(f"{cfg.preset}-{data_name(cfg.train)}")
 
 
 def with_init_from(cfg):
@@ -121,10 +102,10 @@ def with_init_from(cfg):
 
 
 def preflight(cfg, pretrained) -> Path | None:
-    """What runs before the launch: check output folders, --data (verified), --init-from, --resume and gs://
-    credentials (no GPU; configs/run.py checked the rest), then sync a gs:// --data into this machine's cache
-    and return that folder."""
+    """Before the launch, no GPU: check output folders, --data, --init-from, --resume and gs:// credentials
+    (configs/run.py checked the rest), then sync a gs:// --data into this machine's cache and return that folder."""
     from utils import ckpt
+    from utils.ckpt.resume import check_new_run
     from utils.data.shards import verify_dataset
     from utils.data.source import DATA_CACHE, check_data_arg, ensure_local
     from utils.storage.gcs import resolve_credentials
@@ -133,7 +114,7 @@ def preflight(cfg, pretrained) -> Path | None:
         dataset = verify_dataset(local)  # hashes the shards on first use; the launched run then finds them cached
         if pretrained:
             pretrained.check_dataset(local, dataset.tokenizer_sha256)
-    check_new_run(cfg, *run_dirs(cfg)[1:])
+    check_new_run(cfg.run.resume, *run_dirs(cfg)[1:])
     s = cfg.run
     if s.credentials or any(u and u.startswith("gs://") for u in (cfg.train.data, s.checkpoint_bucket, s.resume)):
         resolve_credentials(s.credentials)  # the key loads; no bucket is read
@@ -167,164 +148,39 @@ class Run:
     metrics: object  # utils.metrics.MetricsWriter
     log: object
     stop: object  # utils.preemption.StopRequest: signals and upload failures ask for a clean stop
+    report: object  # utils.progress.TrainReport: bar, scalars, eval line, summary
     vote: object = None  # utils.preemption.StopVote: every rank agrees when to stop
-    bar: object = None
-    speed: object = None  # utils.metrics.Throughput
-    flops_per_token: float = 0.0
-    peak_flops: float | None = None
     saved_step: int = 0  # the step of the newest full checkpoint handed to the uploader
     grad_norm: float = 0.0
 
-    @property
-    def is_main(self) -> bool:
-        return self.accelerator.is_main_process
 
-    @property
-    def world(self) -> int:
-        return self.accelerator.num_processes
+def open_uploader(cfg, name: str, accelerator):
+    """Every rank writes and uploads its own shard on its own thread; rank 0 completes each checkpoint.
 
-    @property
-    def unwrapped(self):
-        """The model without DDP/FSDP/compile wrappers: what checkpoints and samples see."""
-        return self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+    Each storage call gives up within one grace period, so a dead bucket cannot hold a clean stop for long."""
+    from utils.ckpt.uploader import CheckpointUploader
+    from utils.distributed import checkpoint_group
+    from utils.storage import open_storage
 
-
-def prepare_data_dir(train_cfg, accelerator, credentials: str | None) -> Path:
-    """The local dataset directory: `demo` is prepared on first use (one process per machine first); gs:// is
-    synced here only by a single process: with more, start_training.sh syncs it before the launch."""
-    from utils.data.shards import verify_dataset
-    from utils.data.source import DATA_CACHE, check_data_arg, data_name, ensure_local
-
-    local = check_data_arg(train_cfg)
-    if local is not None:
-        with accelerator.local_main_process_first():  # on first use the shards' crc32c are hashed once per machine
-            verify_dataset(local)
-        return local
-    if train_cfg.data == "demo":
-        out = Path("data") / data_name(train_cfg)
-        with accelerator.local_main_process_first():  # one process per machine prepares, the others reuse it
-            if not (out / "manifest.json").exists():
-                from prepare_data import prepare
-
-                prepare(["demo"], name=out.name, out_dir=out.parent, tokenizer=train_cfg.tokenizer,
-                        vocab_size=train_cfg.tokenizer_vocab, dataset_percent=train_cfg.dataset_percent)
-        return out
-    if accelerator.num_processes > 1:  # a download inside the process group would hold every other rank
-        raise PiconeoxError(f"--data {train_cfg.data}: {accelerator.num_processes} processes cannot sync it; launch "
-                            "with ./start_training.sh (it syncs once per machine first) or download it with "
-                            "download_training_data.py and pass the folder")
-    return ensure_local(train_cfg.data, DATA_CACHE, credentials)
+    s, tc = cfg.run, cfg.train
+    bucket = open_storage(s.checkpoint_bucket, s.credentials, timeout_s=s.grace_seconds).child(name) \
+        if s.checkpoint_bucket else None
+    return CheckpointUploader(bucket, keep_remote=tc.keep_last, keep_local=tc.keep_last, max_failures=s.max_upload_failures,
+                              background=s.background_upload, progress=accelerator.is_main_process,
+                              group=checkpoint_group(), rank=accelerator.process_index,
+                              rotate_local=accelerator.is_local_main_process)
 
 
-def make_loaders(data_dir: Path, tc, accelerator):
-    """(train, val) loaders: this rank's slice of every global batch."""
-    from utils.data.loader import BlockLoader
+def resumed_config(cfg, resume_from: Path | None, world: int, data_dir: Path):
+    """(cfg, the dataset's tokenizer sha256): a resume refuses another model shape or tokenizer and keeps the
+    checkpoint's tokens per step on any number of processes."""
+    from utils import ckpt
+    from utils.ckpt import resume
 
-    rank, world = accelerator.process_index, accelerator.num_processes
-    return (BlockLoader(data_dir, "train", tc.seq_len, tc.micro_batch_size, seed=tc.seed, rank=rank, world_size=world),
-            BlockLoader(data_dir, "val", tc.seq_len, tc.micro_batch_size, seed=tc.seed, rank=rank, world_size=world,
-                        shuffle=False))
-
-
-def open_run_dirs(cfg, accelerator) -> tuple[str, Path, Path]:
-    """Rank 0 (it alone writes checkpoints) checks and creates the run's folders; every rank learns the outcome."""
-    from utils.distributed import rank0_decides
-
-    run, run_dir, log_dir = run_dirs(cfg)
-
-    def decide() -> None:
-        check_new_run(cfg, run_dir, log_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        log_dir.mkdir(parents=True, exist_ok=True)
-
-    rank0_decides(decide, accelerator.is_main_process)
-    return run, run_dir, log_dir
-
-
-def check_resumable(saved: dict | None, resume_from, cfg, data_dir: Path) -> str:
-    """Refuse a checkpoint of another model shape or tokenizer; return the dataset's tokenizer sha256."""
-    from utils.data.shards import verify_dataset
-
-    if saved:
-        now = cfg.model.to_dict()
-        diff = next((k for k in saved["model"] if saved["model"][k] != now.get(k)), None)
-        if diff:
-            raise PiconeoxError(f"--resume {resume_from}: checkpoint has model.{diff}={saved['model'][diff]!r}, "
-                                f"this run has {now[diff]!r}")
-    expected = saved.get("data_tokenizer_sha256") if saved else None
-    return verify_dataset(data_dir, expected_tokenizer_sha256=expected).tokenizer_sha256
-
-
-def batch_for_world(tc, world: int, saved: dict | None, trainer: dict | None):
-    """The recipe's batch on `world` processes; a resume keeps the checkpoint's tokens per step (older
-    checkpoints without train.global_batch_tokens tell it by tokens seen per step)."""
-    fixed = None
-    if saved:
-        fixed = saved["train"].get("global_batch_tokens") or (
-            trainer["tokens_seen"] // trainer["step"] if trainer["step"] else None)
-    return tc.for_world(world, fixed_global_batch=fixed)
-
-
-def build_initial_model(cfg, resume_from: Path | None, pretrained, shapes_only: bool = False):
-    """--init-from's weights, else a random init (a resume loads its weights after prepare(), each rank its shard).
-
-    shapes_only: this rank's weights come from rank 0 in prepare() (see distributed.weights_come_from_rank0)."""
-    from configs.model import build_model
-
-    if pretrained and not resume_from and not shapes_only:
-        model = pretrained.load_model()
-    else:
-        model = build_model(cfg.model, shapes_only=shapes_only)
-    model.set_attn_implementation(cfg.train.attention)
-    return model
-
-
-def use_activation_checkpointing(cfg, accelerator, cuda: bool) -> bool:
-    """on/off as set; auto: on with CUDA when the plan's memory estimate does not fit the GPU."""
-    mode = cfg.train.activation_checkpointing
-    if mode != "auto" or not cuda:
-        return mode == "on"
-    import torch
-    from accelerate.utils import DistributedType
-
-    from configs.plan import needs_activation_checkpointing, plan
-
-    device_bytes = torch.cuda.get_device_properties(accelerator.device).total_memory
-    sharded = accelerator.distributed_type == DistributedType.FSDP
-    return needs_activation_checkpointing(plan(cfg, gpus=accelerator.num_processes), sharded, device_bytes)
-
-
-def auto_micro_batch(cfg, model, accelerator, shapes_only: bool, log):
-    """--batch-size auto: the largest micro batch that fits on every rank and divides the global batch."""
-    import torch
-
-    from utils.lm import find_micro_batch
-
-    tc, world, cuda = cfg.train, accelerator.num_processes, accelerator.device.type == "cuda"
-    if cuda:  # ranks holding shapes only cannot probe: they leave the choice to the others
-        probed = 1 << 30 if shapes_only else find_micro_batch(model, tc.seq_len, accelerator)
-        found = torch.tensor(-probed, device=accelerator.device)  # max of negatives = the smallest over ranks
-        fits = tc.largest_micro_batch(world, limit=-int(accelerator.reduce(found, "max").item()))
-        cfg = replace(cfg, train=replace(tc, micro_batch_size=fits).for_world(world, tc.global_batch_tokens))
-    log.info(f"--batch-size auto: micro batch {cfg.train.micro_batch_size}"
-             + ("" if cuda else " (no CUDA: the preset's size; auto needs a GPU to measure)"))
-    return cfg
-
-
-def log_start(run: Run, data_dir: Path, n_params: int) -> None:
-    """The start-up lines: what trains where, the batch and the math settings."""
-    from utils.distributed import describe, group_timeout
-
-    tc, acc = run.cfg.train, run.accelerator
-    timeout = group_timeout(acc)
-    run.log.info(f"run {run.name}: preset {run.cfg.preset}, {n_params:,} parameters, data {data_dir} (vocab "
-                 f"{run.train_loader.vocab_size}, {run.train_loader.tokens_per_epoch:,} train tokens), {run.world} "
-                 f"process(es) on {acc.device} ({describe(acc)}), mixed precision {tc.mixed_precision}"
-                 + (f", collective timeout {timeout.total_seconds() / 60:g} min" if timeout else ""))
-    run.log.info(f"global batch {tc.global_batch_tokens:,} tokens per step = micro batch {tc.micro_batch_size} x "
-                 f"{tc.grad_accum_steps} accumulation x {run.world} process(es) x {tc.seq_len} tokens")
-    run.log.info(f"math: {tc.attention} attention, float32 matmul precision {tc.matmul_precision}, "
-                 f"mixed precision {tc.mixed_precision}")
+    saved = ckpt.read_part(resume_from, "run_config") if resume_from else None
+    tokenizer_sha256 = resume.check_resumable(saved, resume_from, cfg.model.to_dict(), data_dir)
+    trainer = ckpt.read_part(resume_from, "trainer") if resume_from else None
+    return replace(cfg, train=resume.batch_for_world(cfg.train, world, saved, trainer)), tokenizer_sha256
 
 
 def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = False) -> Run:
@@ -333,17 +189,18 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     import transformers
     from accelerate.utils import set_seed
 
-    from configs.model import count_parameters
-    from configs.plan import model_flops_per_token
+    from configs.model import build_model, count_parameters
+    from configs.plan import model_flops_per_token, use_activation_checkpointing
     from utils import ckpt
     from utils.ckpt import resume
-    from utils.ckpt.uploader import CheckpointUploader
+    from utils.data.source import local_dataset, make_loaders
     from utils.data.tokenizers import load_tokenizer
-    from utils.distributed import checkpoint_group, make_accelerator, weights_come_from_rank0
+    from utils.distributed import make_accelerator, weights_come_from_rank0
+    from utils.lm import auto_micro_batch
     from utils.metrics import MetricsWriter, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
     from utils.preemption import StopRequest
-    from utils.storage import open_storage
+    from utils.progress import TrainReport, log_start
     from utils.storage.sync import host_dir
     from utils.trackers import parse_report_to
 
@@ -355,52 +212,49 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     cleanup.callback(torch.set_float32_matmul_precision, torch.get_float32_matmul_precision())  # process-wide
     torch.set_float32_matmul_precision(tc.matmul_precision)
 
-    data_dir = prepare_data_dir(tc, accelerator, s.credentials)  # data first: it decides the vocabulary
+    data_dir = local_dataset(tc, accelerator, s.credentials)  # data first: it decides the vocabulary
     tokenizer = pretrained.load_tokenizer() if pretrained else load_tokenizer(data_dir)
     train_loader, val_loader = make_loaders(data_dir, tc, accelerator)
     cfg = replace(cfg, model=cfg.model.with_vocab(train_loader.vocab_size)).validate()
-    name, run_dir, log_dir = open_run_dirs(cfg, accelerator)
+    name, run_dir, log_dir = run_dirs(cfg)
+    resume.claim_run_dirs(s.resume, run_dir, log_dir, accelerator.is_main_process)
     log = setup_logging(log_dir / "training.log", accelerator.is_main_process)
     metrics = MetricsWriter(log_dir, accelerator.is_main_process, parse_report_to(s.report_to))
     cleanup.callback(metrics.close)  # on every exit path: flush TensorBoard, finish the W&B run
 
-    # Each storage call gives up within one grace period, so a dead bucket cannot hold a clean stop for long.
     stop = StopRequest(s.grace_seconds)
-    bucket = open_storage(s.checkpoint_bucket, s.credentials, timeout_s=s.grace_seconds).child(name) \
-        if s.checkpoint_bucket else None
-    # Every rank writes and uploads its own shard on its own thread; rank 0 completes each checkpoint.
-    uploader = cleanup.enter_context(CheckpointUploader(
-        bucket, keep_remote=tc.keep_last, keep_local=tc.keep_last, max_failures=s.max_upload_failures,
-        background=s.background_upload, progress=accelerator.is_main_process, group=checkpoint_group(),
-        rank=accelerator.process_index, rotate_local=accelerator.is_local_main_process))
-
+    uploader = cleanup.enter_context(open_uploader(cfg, name, accelerator))
     # Where to resume (rank 0 decides, before anything heavy is built, so a bad path fails fast).
-    resume_from = resume.agree(accelerator, s.resume, run_dir, bucket, host_dir(Path(s.output_dir) / ".remote-cache"),
-                               s.credentials, s.grace_seconds, log)  # machines may share output_dir: one cache each
-    saved = ckpt.read_part(resume_from, "run_config") if resume_from else None
-    tokenizer_sha256 = check_resumable(saved, resume_from, cfg, data_dir)
+    resume_from = resume.agree(accelerator, s.resume, run_dir, uploader.store,
+                               host_dir(Path(s.output_dir) / ".remote-cache"),  # output_dir may be shared: one each
+                               s.credentials, s.grace_seconds, log)
+    cfg, tokenizer_sha256 = resumed_config(cfg, resume_from, accelerator.num_processes, data_dir)
     if pretrained:
         pretrained.check_dataset(data_dir, tokenizer_sha256)
         log.info(f"--init-from {pretrained.path}: model shape from its config.json ({pretrained.describe()}), not the "
                  f"preset's model section" + ("" if resume_from else "; its weights and tokenizer, a fresh optimizer"))
-    trainer_state = ckpt.read_part(resume_from, "trainer") if resume_from else None
-    cfg = replace(cfg, train=batch_for_world(tc, accelerator.num_processes, saved, trainer_state))
 
     shapes_only = weights_come_from_rank0(accelerator)
-    model = build_initial_model(cfg, resume_from, pretrained, shapes_only=shapes_only)
+    # --init-from's weights, else random ones: a resume loads its own after prepare(), each rank its shard.
+    model = pretrained.load_model() if pretrained and not resume_from and not shapes_only else \
+        build_model(cfg.model, shapes_only=shapes_only)  # shapes only: prepare() brings rank 0's weights
+    model.set_attn_implementation(cfg.train.attention)
     if use_activation_checkpointing(cfg, accelerator, cuda):
         model.activation_checkpointing_enable()
         log.info("activation checkpointing on: each layer's activations are recomputed in the backward pass")
     n_params = count_parameters(model)
     if accelerator.is_main_process and (note := ckpt.grace_warning(n_params, accelerator.num_processes,
-                                                                   s.grace_seconds, bucket is not None)):
+                                                                   s.grace_seconds, uploader.store is not None)):
         log.warning(note)
     if not shapes_only:
         model.to(accelerator.device)
     if auto_batch:
-        cfg = auto_micro_batch(cfg, model, accelerator, shapes_only, log)
+        cfg = replace(cfg, train=auto_micro_batch(cfg.train, model, accelerator, shapes_only))
         train_loader, val_loader = make_loaders(data_dir, cfg.train, accelerator)
+        log.info(f"--batch-size auto: micro batch {cfg.train.micro_batch_size}"
+                 + ("" if cuda else " (no CUDA: the preset's size; auto needs a GPU to measure)"))
     tc = cfg.train
+    log_start(log, name, cfg, train_loader, accelerator, data_dir, n_params)
     optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
     scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
     model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
@@ -413,17 +267,17 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     checkpointer = ckpt.Checkpointer(accelerator.unwrap_model(model, keep_torch_compile=False), optimizer.optimizer,
                                      parts, run_config=run_config, tokenizer=tokenizer,
                                      rank=accelerator.process_index, world_size=accelerator.num_processes)
-    run = Run(cfg, name, run_dir, log_dir, accelerator, model, optimizer, scheduler, train_loader, val_loader,
-              tokenizer, state, checkpointer, uploader, metrics, log, stop,
-              flops_per_token=model_flops_per_token(cfg.model, tc.seq_len),
-              peak_flops=peak_flops(torch.cuda.get_device_name() if cuda else None, tc.mixed_precision))
-    log_start(run, data_dir, n_params)
     if resume_from:
         checkpointer.load(resume_from)
         log.info(f"resumed from {resume_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
     if state.step >= tc.max_steps:
         raise PiconeoxError(f"--max-steps {tc.max_steps}: the resumed run is already at step {state.step}; raise --max-steps")
-    run.saved_step = state.step
+    report = TrainReport(metrics, log, total_steps=tc.max_steps, step=state.step, tokens_per_step=tc.global_batch_tokens,
+                         world=accelerator.num_processes, flops_per_token=model_flops_per_token(cfg.model, tc.seq_len),
+                         peak=peak_flops(torch.cuda.get_device_name() if cuda else None, tc.mixed_precision),
+                         is_main=accelerator.is_main_process)
+    run = Run(cfg, name, run_dir, log_dir, accelerator, model, optimizer, scheduler, train_loader, val_loader,
+              tokenizer, state, checkpointer, uploader, metrics, log, stop, report, saved_step=state.step)
     metrics.start(state.step, {**run_config, "run": {**run_config["run"], "name": name, "data_dir": str(data_dir),
                                                      "parameters": n_params, "world_size": accelerator.num_processes,
                                                      "device": accelerator.device.type}})
@@ -470,14 +324,11 @@ def train(run: Run) -> str:
     import time as clock
 
     from utils import ckpt, lm
-    from utils.metrics import ProgressBar, Throughput
     from utils.preemption import StopVote
 
     tc, state = run.cfg.train, run.state
     deadline = clock.time() + tc.max_training_hours * 3600 - state.train_seconds if tc.max_training_hours else math.inf
     run.vote = StopVote(run.stop, run.accelerator, deadline)  # signals on any rank, the time limit on rank 0's clock
-    run.bar = ProgressBar(tc.max_steps, state.step, run.is_main)
-    run.speed = Throughput(state.step, tc.global_batch_tokens)
     batches = iter(run.train_loader)
     run.model.train()
     while state.step < tc.max_steps:
@@ -489,20 +340,25 @@ def train(run: Run) -> str:
         state.step += 1
         state.tokens_seen += tc.global_batch_tokens
         state.train_seconds += clock.time() - t0
-        run.bar.update(1)
+        run.report.bar.update(1)
         log_due = state.step % tc.log_every == 0 or state.step == tc.max_steps
         eval_due = state.step % tc.eval_every == 0 or state.step == tc.max_steps
         save_due = state.step % tc.save_every == 0
         if not (log_due or eval_due or save_due):
             continue  # no host sync on other steps: the GPU keeps its queue of work
-        loss = log_progress(run, loss_sum, log_due)
+        loss = read_loss(run, loss_sum)
+        run.report.loss_read(state.step, loss, run.scheduler.get_last_lr()[0], run.grad_norm, log_due)
         if eval_due:
             val = lm.evaluate(run.model, run.val_loader.eval_batches(tc.eval_batches), run.accelerator.device,
                               autocast=run.accelerator.autocast, vote=run.vote,
                               reduce=lambda t: run.accelerator.reduce(t, "mean"))
             if val is None:  # stopped inside the evaluation
                 break
-            if log_eval(run, loss, val):
+            improved = val < state.best_val_loss
+            state.best_val_loss = min(val, state.best_val_loss)
+            state.evals_without_improvement = 0 if improved else state.evals_without_improvement + 1
+            run.report.evaluated(state.step, loss, val, improved, state.evals_without_improvement)
+            if improved:
                 save(run, run.run_dir / "best", weights_only=True)
             if tc.patience and state.evals_without_improvement >= tc.patience:
                 return f"early stopping: no val improvement in {tc.patience} evaluations"
@@ -511,45 +367,16 @@ def train(run: Run) -> str:
     return "max steps reached"
 
 
-def log_progress(run: Run, loss_sum, log_due: bool) -> float:
-    """Read the loss (a host sync), refuse a NaN, update the bar and, when due, log the step's scalars."""
+def read_loss(run: Run, loss_sum) -> float:
+    """The step's mean loss over ranks (a host sync); a NaN or inf stops the run and names the step."""
     from utils import ckpt
-    from utils.metrics import gpu_stats, mfu
+    from utils.lm import TrainingDiverged
 
-    tc, step = run.cfg.train, run.state.step
-    loss = run.accelerator.reduce(loss_sum / tc.grad_accum_steps, "mean").item()
+    loss = run.accelerator.reduce(loss_sum / run.cfg.train.grad_accum_steps, "mean").item()
     if not math.isfinite(loss):
-        raise TrainingDiverged(f"loss is {loss} at step {step}; stopped without saving "
+        raise TrainingDiverged(f"loss is {loss} at step {run.state.step}; stopped without saving "
                                f"(the last good checkpoint is {ckpt.latest_complete(run.run_dir) or 'none'})")
-    dt, tok_s, avg_loss = run.speed.read(step, loss)
-    lr = run.scheduler.get_last_lr()[0]
-    run.bar.update(0, loss=loss, avg_loss=avg_loss, lr=lr, tok_s=tok_s)
-    if log_due:
-        run.metrics.scalars(step, {
-            "train/loss": loss, "train/lr": lr, "train/grad_norm": float(run.grad_norm), "train/step_time_s": dt,
-            "train/tokens_per_s": tok_s, "train/tokens_per_s_per_device": tok_s / run.world,
-            "train/mfu": mfu(tok_s / run.world, run.flops_per_token, run.peak_flops), **gpu_stats()})
-        run.log.debug(f"step {step} loss {loss:.6f} lr {lr:.3e}")
     return loss
-
-
-def log_eval(run: Run, loss: float, val: float) -> bool:
-    """Record a validation loss and say it in one line; True when it is the best so far."""
-    from utils.metrics import gpu_stats, mfu
-
-    state = run.state
-    run.metrics.scalars(state.step, {"val/loss": val, "val/perplexity": math.exp(min(val, 50))})
-    improved = val < state.best_val_loss
-    state.best_val_loss = min(val, state.best_val_loss)
-    state.evals_without_improvement = 0 if improved else state.evals_without_improvement + 1
-    tok_s = run.speed.since_last_eval()
-    util, gpu = mfu(tok_s / run.world, run.flops_per_token, run.peak_flops), gpu_stats()
-    gpu_text = "n/a" if gpu["gpu/util_pct"] is None else f"{gpu['gpu/util_pct']:.0f}% busy, {gpu['gpu/mem_gb']:.1f} GB"
-    run.log.info(f"step {state.step}: train loss {loss:.4f}, val loss {val:.4f}, perplexity "
-                 f"{math.exp(min(val, 50)):.2f}, {tok_s:,.0f} tok/s ({tok_s / run.world:,.0f} per device), MFU "
-                 f"{f'{util:.1%}' if util else 'n/a'}, GPU {gpu_text}"
-                 + (" (best)" if improved else f" ({state.evals_without_improvement} eval(s) without improvement)"))
-    return improved
 
 
 def save(run: Run, folder: Path, weights_only: bool = False) -> None:
@@ -564,7 +391,7 @@ def save(run: Run, folder: Path, weights_only: bool = False) -> None:
     start = time.monotonic()
     snapshot = run.checkpointer.capture(run.state.step, weights_only=weights_only)
     run.log.debug(f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
-    if run.is_main or not weights_only:  # best/: the weights were gathered onto rank 0 only
+    if run.accelerator.is_main_process or not weights_only:  # best/: the weights were gathered onto rank 0 only
         run.uploader.submit(SaveRequest(snapshot, folder, weights_only))
 
 
@@ -587,7 +414,7 @@ def finish(run: Run, reason: str) -> int:
     from utils.ckpt.uploader import UploadFailed
     from utils.summary import log_sample, next_commands, where_things_are
 
-    run.bar.close()
+    run.report.close()
     run.vote.close()
     tc, state, stop, log = run.cfg.train, run.state, run.stop, run.log
     preempted = run.vote.stopping and not run.vote.time_up  # a signal or upload failures: the grace budget applies
@@ -604,27 +431,19 @@ def finish(run: Run, reason: str) -> int:
         sample = log_sample(run.checkpointer.model, run.tokenizer, run.cfg.run.sample_prompt, tc.seed, log)
     run.uploader.close(timeout=stop.remaining())  # every rank's saver; no limit unless stopping on a signal
     check_uploads(run)
-    if run.is_main:
+    if run.accelerator.is_main_process:
         ckpt.publish_final(last, run.run_dir / "final", consolidate_weights=not preempted, log=log)
-        run.metrics.save_history(run.log_dir / "history.json")
-        run.metrics.plot(run.log_dir / "loss.png")
         cuda = run.accelerator.device.type == "cuda"
-        log.info(f"stopped at step {state.step}: {reason}; best val loss {state.best_val_loss:.4f}"
-                 + (f"; peak GPU memory {torch.cuda.max_memory_allocated() / 1e9:.1f} GB" if cuda else ""))
+        run.report.summary(state.step, reason, state.best_val_loss, run.log_dir, sample,
+                           torch.cuda.max_memory_allocated() / 1e9 if cuda else None)
         log.info(where_things_are(run.run_dir, run.log_dir, run.cfg.run.log_dir))
         log.info(next_commands(run.cfg.preset, run.run_dir, stopped=stop.stopping))
-        if sample is not None:
-            run.metrics.text(state.step, "sample", sample)
         run.metrics.close()
     run.accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     run.accelerator.end_training()
     if run.uploader.fatal:
         raise UploadFailed(run.uploader.fatal)
     return 0
-
-
-class TrainingDiverged(PiconeoxError):
-    """A NaN or inf loss: the run stops and names the step."""
 
 
 def run(args) -> int:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from configs.model import ModelConfig, build_model  # noqa: E402
-from prepare_data import prepare  # noqa: E402
+from utils.data.prepare import prepare  # noqa: E402
 from utils import ckpt  # noqa: E402
 from utils.data.loader import BlockLoader  # noqa: E402
 from utils.lm import lm_loss  # noqa: E402

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # one thread per tokenizer process, so workers=1 vs 2 compares one core with two
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-from prepare_data import prepare  # noqa: E402
+from utils.data.prepare import prepare  # noqa: E402
 from utils.data.demo_corpus import generate_stories  # noqa: E402
 from utils.data.loader import BlockLoader  # noqa: E402
 from utils.data.shards import read_manifest  # noqa: E402

@@ -25,7 +25,7 @@ from google.auth.credentials import AnonymousCredentials  # noqa: E402
 from google.cloud import storage  # noqa: E402
 
 from tests.gcs_servers import start_fake_gcs  # noqa: E402
-from utils.storage import GCSStorage  # noqa: E402
+from utils.storage.gcs import GCSStorage  # noqa: E402
 from utils.storage.sync import INDEX_NAME, download_tree  # noqa: E402
 
 

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 from configs.presets import resolve_config  # noqa: E402
 from configs.model import build_model  # noqa: E402
-from prepare_data import prepare  # noqa: E402
+from utils.data.prepare import prepare  # noqa: E402
 from utils.lm import lm_loss  # noqa: E402
 from utils.optim import build_optimizer  # noqa: E402
 

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from configs.presets import MODEL_PRESETS, TRAIN_PRESETS  # noqa: E402
-from prepare_data import prepare  # noqa: E402
+from utils.data.prepare import prepare  # noqa: E402
 from utils.generate import load_checkpoint_model  # noqa: E402
 from utils.data.shards import open_shard, read_manifest  # noqa: E402
 

@@ -206,3 +206,16 @@ def needs_activation_checkpointing(p: Plan, sharded: bool, device_bytes: int) ->
     """
     estimate = p.fsdp if sharded else p.ddp
     return estimate.total > 0.9 * device_bytes
+
+
+def use_activation_checkpointing(cfg, accelerator, cuda: bool) -> bool:
+    """on/off as set; auto: on with CUDA when the plan's memory estimate does not fit the GPU."""
+    mode = cfg.train.activation_checkpointing
+    if mode != "auto" or not cuda:
+        return mode == "on"
+    import torch
+    from accelerate.utils import DistributedType
+
+    device_bytes = torch.cuda.get_device_properties(accelerator.device).total_memory
+    sharded = accelerator.distributed_type == DistributedType.FSDP
+    return needs_activation_checkpointing(plan(cfg, gpus=accelerator.num_processes), sharded, device_bytes)

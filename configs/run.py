@@ -5,9 +5,12 @@ recorded in every checkpoint's run_config.json (the credentials path only as "<s
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from configs.base import ConfigBase
+from utils.errors import PiconeoxError
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,13 @@ class RunSettings(ConfigBase):
             if url and url.startswith("gs://"):
                 parse_gs_url(url)  # a bad bucket name is one line before any launch
         return self
+
+    def folders(self, default_name: str) -> tuple[str, Path, Path]:
+        """(run name, output_dir/<run>, log_dir/<run>); refuses a run name that is not a plain folder name."""
+        name = self.run_name or default_name
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise PiconeoxError(f"--run-name {name!r} is not allowed: use letters, digits, '.', '_' and '-'")
+        return name, Path(self.output_dir) / name, Path(self.log_dir) / name
 
     def recorded(self) -> dict:
         """The settings as run_config.json and the trackers record them: the key file's path is not shown."""

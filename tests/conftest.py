@@ -31,7 +31,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """5% of the built-in demo corpus with the byte tokenizer (vocab 256): data for training tests."""
-    from prepare_data import prepare
+    from utils.data.prepare import prepare
 
     return prepare(["demo"], name="demo-byte-p5", out_dir=tmp_path_factory.mktemp("data"), tokenizer="byte",
                    dataset_percent=5)

@@ -148,7 +148,7 @@ def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, 
     import re
 
     import train
-    from prepare_data import prepare
+    from utils.data.prepare import prepare
     from tests.test_train import TINY
     from utils import generate
 
@@ -190,7 +190,7 @@ def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, 
 ])
 def test_ctrl_c_during_prepare_stops_at_once_and_keeps_the_old_dataset(tmp_path, shared_data, tokenizer, extra,
                                                                        copies, busy_when, delay):
-    from prepare_data import prepare
+    from utils.data.prepare import prepare
 
     old = prepare(["demo"], "d", tmp_path / "data", tokenizer, 300 if tokenizer == "bpe" else None, dataset_percent=5)
     before = {p.name: p.read_bytes() for p in old.iterdir()}

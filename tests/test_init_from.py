@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import train
-from prepare_data import main as prepare_main, prepare
+from prepare_data import main as prepare_main
+from utils.data.prepare import prepare
 from utils.data.loader import BlockLoader
 from utils.data.shards import read_manifest
 from utils.data.tokenizers import file_sha256

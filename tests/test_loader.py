@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from prepare_data import prepare
+from utils.data.prepare import prepare
 from utils.crc import crc32c_file
 from utils.errors import PiconeoxError
 from utils.data.loader import BlockLoader

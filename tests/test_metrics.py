@@ -7,7 +7,8 @@ import torch
 
 from configs.model import MODEL_PRESETS, PRODUCTION, build_model, count_parameters
 from configs.plan import matmul_params, model_flops_per_token
-from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, peak_flops, setup_logging
+from utils.metrics import MetricsWriter, gpu_stats, mfu, peak_flops, setup_logging
+from utils.progress import ProgressBar
 
 
 def read_scalars(log_dir, key):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prepare_data import prepare
+from utils.data.prepare import prepare
 from utils.data.demo_corpus import generate_stories
 from utils.errors import PiconeoxError
 from utils.data.shards import read_manifest, verify_dataset

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from prepare_data import prepare
+from utils.data.prepare import prepare
 from utils.crc import INDEX_NAME, crc32c_file
 from utils.errors import PiconeoxError
 from utils.data.shards import ShardWriter, read_manifest, token_dtype, verify_dataset

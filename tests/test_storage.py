@@ -12,7 +12,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from utils.errors import PiconeoxError
-from utils.storage import ObjectExists, StorageError, UPLOAD_CHUNK_SIZE, open_storage, safe_relpath
+from utils.storage import ObjectExists, StorageError, open_storage, safe_relpath
+from utils.storage.gcs import UPLOAD_CHUNK_SIZE
 
 
 @pytest.mark.parametrize("name", ["a.npy", "train/shard-0001.npy", "x..y/z", "dir.v2/.hidden"])

@@ -205,7 +205,7 @@ def test_print_plan_for_production_on_8_gpus_allocates_nothing(capsys):
 
 
 def test_resume_refuses_data_with_another_tokenizer(tmp_path, tiny_data, capsys):
-    from prepare_data import prepare
+    from utils.data.prepare import prepare
 
     _, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "2", "--save-every", "2")
     other = prepare(["demo"], name="demo-char-p5", out_dir=tmp_path / "data", tokenizer="char", dataset_percent=5)

@@ -8,6 +8,12 @@ from typing import Callable, Iterable
 
 import torch
 
+from utils.errors import PiconeoxError
+
+
+class TrainingDiverged(PiconeoxError):
+    """A NaN or inf loss: the run stops and names the step."""
+
 
 def lm_loss(model, x, y):
     """Next-token cross-entropy; the loader already shifted the labels, so the model gets no `labels`."""
@@ -89,3 +95,17 @@ def find_micro_batch(model, seq_len: int, accelerator, start: int = 256) -> int:
         return batch_size
 
     return probe()
+
+
+def auto_micro_batch(tc, model, accelerator, shapes_only: bool):
+    """--batch-size auto: `tc` (a TrainConfig) with the largest micro batch that fits on every rank and divides
+    the global batch; unchanged without CUDA (nothing to measure)."""
+    from dataclasses import replace
+
+    world = accelerator.num_processes
+    if accelerator.device.type != "cuda":
+        return tc
+    probed = 1 << 30 if shapes_only else find_micro_batch(model, tc.seq_len, accelerator)  # shapes only: no probe
+    found = torch.tensor(-probed, device=accelerator.device)  # max of negatives = the smallest over ranks
+    fits = tc.largest_micro_batch(world, limit=-int(accelerator.reduce(found, "max").item()))
+    return replace(tc, micro_batch_size=fits).for_world(world, fixed_global_batch=tc.global_batch_tokens)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import logging
 import re
 import sys
-import time
-from collections import deque
 from pathlib import Path
 
 import yaml
@@ -156,59 +154,6 @@ class MetricsWriter:
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
-
-
-class ProgressBar:
-    """A tqdm bar over optimizer steps (rate and ETA from tqdm) with loss, average loss, lr and tok/s."""
-
-    _NAMES = {"avg_loss": "avg", "tok_s": "tok/s"}
-
-    def __init__(self, total_steps: int, initial_step: int, is_main: bool):
-        self._bar = tqdm(total=total_steps, initial=initial_step, disable=not is_main, unit="step",
-                         dynamic_ncols=True, desc="train")
-
-    def update(self, n: int = 1, **postfix: float | None) -> None:
-        """Advance `n` steps; postfix keys like loss=, avg_loss=, lr=, tok_s= (None shows n/a)."""
-        if postfix:
-            self._bar.set_postfix_str(", ".join(f"{self._NAMES.get(k, k)}={_fmt(k, v)}" for k, v in postfix.items()),
-                                      refresh=False)
-        self._bar.update(n)
-
-    def close(self) -> None:
-        self._bar.close()
-
-
-
-class Throughput:
-    """Tokens/s from the steps between two loss reads (the only host syncs), and averaged since the last eval."""
-
-    def __init__(self, step: int, tokens_per_step: int):
-        self.tokens_per_step, self.since = tokens_per_step, (time.time(), step)
-        self.recent_losses: deque[float] = deque(maxlen=100)  # for the bar's running average
-        self.tokens, self.seconds = 0, 0.0
-
-    def read(self, step: int, loss: float) -> tuple[float, float, float]:
-        """(seconds per step, tokens/s, running mean loss) at a loss read; GPU work included, .item() waited."""
-        steps = step - self.since[1]
-        dt = (time.time() - self.since[0]) / steps
-        self.since = (time.time(), step)
-        self.tokens, self.seconds = self.tokens + steps * self.tokens_per_step, self.seconds + steps * dt
-        self.recent_losses.append(loss)
-        return dt, self.tokens_per_step / dt, sum(self.recent_losses) / len(self.recent_losses)
-
-    def since_last_eval(self) -> float:
-        """Mean tokens/s since the previous call (the eval line's figure, not just this step's)."""
-        tok_s, self.tokens, self.seconds = self.tokens / self.seconds, 0, 0.0
-        return tok_s
-
-def _fmt(key: str, value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if key == "lr":
-        return f"{value:.2e}"
-    if key == "tok_s":
-        return f"{value:,.0f}"
-    return f"{value:.4f}"
 
 
 # Dense (no sparsity) 16-bit tensor-core peak per device, FLOP/s, from NVIDIA datasheets; bf16 and fp16

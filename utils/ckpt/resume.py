@@ -22,6 +22,8 @@ from typing import Callable
 
 from utils.ckpt import format as ckpt
 from utils.ckpt import remote
+from utils.atomic import check_writable_dir
+from utils.data.shards import verify_dataset
 from utils.distributed import all_gather_object, rank0_decides
 from utils.errors import PiconeoxError
 from utils.storage import Storage, open_storage
@@ -144,3 +146,47 @@ def agree(accelerator, resume: str | None, run_dir: Path, bucket: Storage | None
         raise PiconeoxError(errors[0])
     return Path(results[accelerator.process_index - accelerator.local_process_index][0])
 
+
+def check_resumable(saved: dict | None, resume_from, model: dict, data_dir: Path) -> str:
+    """Refuse a checkpoint of another model shape (`model`: this run's model settings) or tokenizer; return the
+    dataset's tokenizer sha256. `saved` is the checkpoint's run_config.json."""
+    if saved:
+        now = model
+        diff = next((k for k in saved["model"] if saved["model"][k] != now.get(k)), None)
+        if diff:
+            raise PiconeoxError(f"--resume {resume_from}: checkpoint has model.{diff}={saved['model'][diff]!r}, "
+                                f"this run has {now[diff]!r}")
+    expected = saved.get("data_tokenizer_sha256") if saved else None
+    return verify_dataset(data_dir, expected_tokenizer_sha256=expected).tokenizer_sha256
+
+
+def batch_for_world(tc, world: int, saved: dict | None, trainer: dict | None):
+    """The recipe's batch on `world` processes; a resume keeps the checkpoint's tokens per step (older
+    checkpoints without train.global_batch_tokens tell it by tokens seen per step)."""
+    fixed = None
+    if saved:
+        fixed = saved["train"].get("global_batch_tokens") or (
+            trainer["tokens_seen"] // trainer["step"] if trainer["step"] else None)
+    return tc.for_world(world, fixed_global_batch=fixed)
+
+
+def check_new_run(resume: str | None, run_dir: Path, log_dir: Path) -> None:
+    """A run without --resume never writes into an earlier run's folders (its best/ and logs would be lost)."""
+    check_writable_dir(run_dir, "--output-dir")
+    check_writable_dir(log_dir, "--log-dir")
+    if resume:
+        return
+    for folder in (run_dir, log_dir):
+        if folder.is_dir() and any(folder.iterdir()):
+            raise PiconeoxError(f"{folder} holds an earlier run: pass --resume auto to continue it, or --run-name NAME "
+                                "(after `--` for start_training.sh) to start a new one beside it")
+
+
+def claim_run_dirs(resume: str | None, run_dir: Path, log_dir: Path, is_main: bool) -> None:
+    """Rank 0 (it alone writes checkpoints) checks and creates the run's folders; every rank learns the outcome."""
+    def decide() -> None:
+        check_new_run(resume, run_dir, log_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    rank0_decides(decide, is_main)
