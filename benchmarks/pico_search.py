@@ -30,6 +30,7 @@ import torch  # noqa: E402
 from benchmarks.pico_tinystories import PROMPT, TINYSTORIES, dataset, val_metrics  # noqa: E402
 from configs.presets import MODEL_PRESETS, TRAIN_PRESETS  # noqa: E402
 from rp2040.emulate import emulate, unavailable  # noqa: E402
+from utils.ckpt.format import MARKER  # noqa: E402
 from utils.errors import CliParser, PiconeoxError, cli  # noqa: E402
 
 SHAPE = re.compile(r"^h(\d+)-l(\d+)-a(\d+)-f(\d+)-c(\d+)$")
@@ -53,7 +54,7 @@ def run_shape(shape: str, args, data: Path) -> dict:
     """Train (unless finished before), export int8, emulate, evaluate: one result row."""
     name = f"{shape}-s{args.steps}-lr{args.lr:g}"
     run, model_dir, log = args.out / "ckpt" / name, args.out / "models" / name, args.out / "logs" / f"{name}.log"
-    if not (run / "final" / "COMPLETE").exists():
+    if not (run / "final" / MARKER).exists():
         dims = parse_shape(shape)
         sets = [f"model.{k}={v}" for k, v in dims.items()]
         cmd = [sys.executable, "train.py", "--config", args.base, "--data", str(data), "--output-dir",
