@@ -41,6 +41,9 @@ and this script waits for them and exits 0 after a clean stop (a second Ctrl-C s
 several processes torchrun kills workers still running TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds later
 (default here 120; keep it above train.py's --grace-seconds).
 
+With --num-machines > 1, GLOO_SOCKET_IFNAME is set to the interface that routes to --main-process-ip
+(unless already set), so the checkpoint and stop-vote gloo groups reach the other machines.
+
 Test hooks: PICONEOX_FAKE_GPUS=N pretends N CUDA GPUs are visible (to check GPU lines on a CPU box);
 PICONEOX_CPU_FSDP=1 shards for real over gloo when an FSDP --accelerate-config runs on CPU (--procs N).
 EOF
@@ -173,6 +176,17 @@ launch+=(--dynamo_backend no)
 # One process: a failing run has already printed its own one-line error; no launcher traceback after it.
 [ "$total" -eq 1 ] && launch+=(--quiet)
 [ "$machines" -gt 1 ] && launch+=(--machine_rank "$rank" --main_process_ip "$ip")
+# Several machines: the gloo groups (checkpoint savers, stop vote) must bind to the interface that reaches rank 0,
+# not to whatever the hostname resolves to (often 127.0.1.1). A GLOO_SOCKET_IFNAME the user set wins.
+if [ "$machines" -gt 1 ] && [ -z "${GLOO_SOCKET_IFNAME:-}" ]; then
+  ifname=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c \
+    'import sys; from utils.distributed import route_interface; print(route_interface(sys.argv[1]) or "")' "$ip")
+  if [ -n "$ifname" ]; then
+    envs+=("GLOO_SOCKET_IFNAME=$ifname")
+  else
+    echo "warning: no network interface routes to --main-process-ip $ip; set GLOO_SOCKET_IFNAME yourself" >&2
+  fi
+fi
 # One machine: port 0 lets accelerate pick a free port, so two runs (or test suites) on one box never collide.
 [ -z "$port" ] && [ "$machines" -eq 1 ] && [ "$total" -gt 1 ] && port=0
 [ -n "$port" ] && launch+=(--main_process_port "$port")

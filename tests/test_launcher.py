@@ -121,6 +121,20 @@ def test_multi_node_flags_pass_through_and_count_all_processes():
     assert (launch.machine_rank, launch.main_process_ip, launch.main_process_port) == (1, "10.1.2.3", 1234)
 
 
+def test_multi_node_gloo_binds_to_the_interface_that_reaches_rank_0(monkeypatch):
+    """Without GLOO_SOCKET_IFNAME gloo binds to the hostname's address (often 127.0.1.1): unreachable from elsewhere."""
+    args = ("--config", "production", "--gpus", "8", "--num-machines", "2", "--machine-rank", "1",
+            "--main-process-ip", "127.0.0.1")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    envs, _, _ = launched(*args, fake_gpus=8)
+    assert envs["GLOO_SOCKET_IFNAME"] == "lo"  # the route to 127.0.0.1
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")  # the user's choice stays (inherited, not overridden)
+    envs, _, _ = launched(*args, fake_gpus=8)
+    assert "GLOO_SOCKET_IFNAME" not in envs
+    envs, _, _ = launched("--config", "production", "--gpus", "8", fake_gpus=8)
+    assert "GLOO_SOCKET_IFNAME" not in envs  # one machine: gloo stays on its default
+
+
 def test_accelerate_config_file_decides_the_distributed_type():
     from accelerate.commands.launch import _validate_launch_command
 
