@@ -11,6 +11,7 @@ whether the staged copy was freed once written, and the sizes to compare them wi
 import json
 import sys
 import weakref
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -69,7 +70,7 @@ snap = ckpt.Snapshot(step=1, rank=rank, world_size=accelerator.num_processes,
                      common={"scheduler": {}, "scaler": None, "loader": {}, "trainer": {}, "metrics": {}, "run_config": {}})
 staged = sum(ckpt.tensor_bytes(t) for _, t in ckpt.tensor_leaves(snap.state))
 one_staged = weakref.ref(next(ckpt.tensor_leaves(snap.state))[1])
-uploader = CheckpointUploader(None, keep_local=1, progress=False, group=ckpt.checkpoint_group(), rank=rank)
+uploader = CheckpointUploader(None, keep_local=1, progress=False, group=ckpt.checkpoint_group(timedelta(minutes=10)), rank=rank)
 uploader.submit(SaveRequest(snap, folder))
 del snap
 uploader.flush()

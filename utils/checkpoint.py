@@ -75,17 +75,18 @@ def set_rng_state(state: dict) -> None:
 
 # --- capture (training thread) ----------------------------------------------------------------------------
 
-def checkpoint_group():
+def checkpoint_group(timeout: timedelta):
     """A gloo process group for the background savers (None when not distributed).
 
     Collectives of checkpoint threads must never interleave with the training's on the same group, and a
-    save may wait on a slow upload of another rank for a long time: hence its own group and timeout.
+    save may wait on a slow upload of another rank: hence its own group, bounded by `timeout` (the run's
+    start-up collective timeout, which also covers a synchronous save), so a dead rank fails the save.
     """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return None
-    return dist.new_group(backend="gloo", timeout=timedelta(hours=2))
+    return dist.new_group(backend="gloo", timeout=timeout)
 
 
 @dataclass

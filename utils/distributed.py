@@ -97,21 +97,34 @@ def describe(accelerator) -> str:
     return "single process"
 
 
-def group_timeout(accelerator) -> timedelta | None:
-    """The default process group's collective timeout as the backend holds it; None without a group."""
+def group_timeout(accelerator, group=None) -> timedelta | None:
+    """A process group's collective timeout as its backend holds it (default: the run's group on the run's
+    device; a gloo side group on the CPU); None without a group."""
+    import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    return dist.group.WORLD._get_backend(accelerator.device).options._timeout
+    if group is None:
+        return dist.group.WORLD._get_backend(accelerator.device).options._timeout
+    return group._get_backend(torch.device("cpu")).options._timeout
 
 
-def check_timeout(minutes: float) -> None:
-    """--collective-timeout-minutes must be a positive, finite number."""
+def shorten_timeout(minutes: float) -> None:
+    """After the first step: the run's collectives fail within `minutes` on a hang, instead of the start-up timeout
+    that had to cover a resume download and the compile (torchtitan shortens it the same way)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.distributed_c10d._set_pg_timeout(timedelta(minutes=minutes))
+
+
+def check_timeout(minutes: float, flag: str = "--collective-timeout-minutes", default: float = 60) -> None:
+    """A timeout flag must be a positive, finite number of minutes."""
     import math
 
     if not (math.isfinite(minutes) and minutes > 0):
-        raise PiconeoxError(f"--collective-timeout-minutes {minutes:g}: must be a positive number of minutes (default 60)")
+        raise PiconeoxError(f"{flag} {minutes:g}: must be a positive number of minutes (default {default:g})")
 
 
 def route_interface(host: str) -> str | None:
