@@ -5,9 +5,9 @@ seconds on a laptop. Memory is an estimate of the big terms, in bytes per GPU:
 
 - weights, gradients and AdamW states are fp32 (mixed precision autocasts the compute, the master
   weights stay fp32): 4 + 4 + 8 bytes per parameter. DDP keeps all of them on every GPU; FSDP full
-  shard keeps 1/world of each, plus the unsharded working set in the compute dtype: the root module
-  (embeddings, final norm, lm_head: FSDP keeps the root gathered) and two decoder layers (the current
-  one and the prefetched next).
+  keeps 1/world of each, plus the unsharded weights in the compute dtype: configs/accelerate/
+  fsdp_production.yaml keeps every layer gathered from its forward to its backward
+  (reshard_after_forward: false), so at the end of a forward all of them are.
 - activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", section 4.1: s*b*h*(34 + 5*a*s/h) bytes per layer with 16-bit activations. Our models run
   SDPA (flash / memory-efficient kernels) that never store the a*s*s score matrices, so the 5*a*s/h
@@ -102,7 +102,6 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None) -> P
         model = build_model(model_cfg)
     parameters = count_parameters(model)
     layer = sum(p.numel() for p in model.gpt_neox.layers[0].parameters())
-    root = parameters - model_cfg.num_layers * layer
 
     world = max(gpus, 1)
     train = train.for_world(world)  # the accumulation that keeps the global batch on this many GPUs
@@ -140,7 +139,7 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None) -> P
         total_tokens=batch_tokens * train.max_steps,
         flops_per_token=model_flops_per_token(model_cfg, s),
         ddp=estimate(1, 0, 4 * parameters),
-        fsdp=estimate(world, compute_bytes * (root + 2 * layer), 4 * parameters if train.grad_accum_steps > 1 else 0),
+        fsdp=estimate(world, compute_bytes * parameters, 4 * parameters if train.grad_accum_steps > 1 else 0),
     )
 
 
