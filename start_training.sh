@@ -42,7 +42,8 @@ several processes torchrun kills workers still running TORCH_ELASTIC_SHUTDOWN_TI
 (default here 120; keep it above train.py's --grace-seconds).
 
 With --num-machines > 1, GLOO_SOCKET_IFNAME is set to the interface that routes to --main-process-ip
-(unless already set), so the checkpoint and stop-vote gloo groups reach the other machines.
+(unless already set), so the checkpoint and stop-vote gloo groups reach the other machines. On GPUs
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set unless PYTORCH_CUDA_ALLOC_CONF is already set.
 
 Test hooks: PICONEOX_FAKE_GPUS=N pretends N CUDA GPUs are visible (to check GPU lines on a CPU box);
 PICONEOX_CPU_FSDP=1 shards for real over gloo when an FSDP --accelerate-config runs on CPU (--procs N).
@@ -164,8 +165,11 @@ if [ "$gpus" -eq 0 ]; then
   else
     launch+=(--cpu)
   fi
-elif [ "$total" -gt 1 ] && [ -z "$user_config" ]; then
-  launch=(--multi_gpu "${launch[@]}")
+else
+  # GPUs: expandable segments let the allocator grow blocks instead of fragmenting across the varying
+  # shapes of compile, eval and save (fewer OOMs at the same peak). A setting of the user's wins.
+  [ -z "${PYTORCH_CUDA_ALLOC_CONF:-}" ] && envs+=("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+  [ "$total" -gt 1 ] && [ -z "$user_config" ] && launch=(--multi_gpu "${launch[@]}")
 fi
 # On a signal torchrun SIGKILLs its workers after TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s by default), which
 # can cut train.py's save-and-exit (--grace-seconds) short on a large model: give it room.

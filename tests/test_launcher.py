@@ -95,7 +95,8 @@ def test_gpus_1_is_a_single_gpu_process():
     envs, launch, _ = launched("--config", "small", "--gpus", "1", fake_gpus=8)
     assert not launch.cpu and not launch.multi_gpu and launch.num_processes == 1
     assert launch.config_file.endswith("configs/accelerate/single_gpu.yaml")
-    assert envs == {}  # no CPU settings, and no torchrun in a single process
+    # no CPU settings and no torchrun in a single process; an allocator that grows blocks instead of fragmenting
+    assert envs == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
 def test_gpus_8_is_ddp_with_mixed_precision_on_both_sides():
