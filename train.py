@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import gc
 import math
 import os
 import re
@@ -108,6 +109,7 @@ class TrainerState:
             setattr(self, k, math.inf if (k == "best_val_loss" and v is None) else v)
 
 
+GC_EVERY = 50  # steps between the training loop's garbage collections (automatic gc is off while it runs)
 DATA_CACHE = Path("data") / "gcs-cache"  # gs:// datasets land in DATA_CACHE/<host>/<bucket>/<prefix>
 
 
@@ -551,7 +553,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
                             scheduler, accelerator.scaler, train_loader, state, metrics,
                             run_config, tokenizer,
                             rank=rank, world_size=world, weights_only=weights_only)
-        log.debug(f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
+        (log.info if is_main else log.debug)(
+            f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
         if is_main or not weights_only:  # best/: the weights were gathered onto rank 0 only
             uploader.submit(SaveRequest(snap, folder, weights_only))
 
@@ -576,6 +579,10 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     interval_tokens, interval_seconds = 0, 0.0  # for the eval line's throughput
     stop_reason = "max steps reached"
     cleanup.enter_context(stop)  # SIGTERM/SIGINT now only ask for a clean stop
+    # Automatic gc runs whenever allocations pile up, at a different moment on every rank: the others then wait
+    # for it in the next collective. Collect at the same steps everywhere instead (torchtitan does the same).
+    gc.disable()
+    cleanup.callback(gc.enable)
     model.train()
     while state.step < tc.max_steps:
         t0 = time.time()
@@ -607,6 +614,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         state.tokens_seen += tc.global_batch_tokens
         state.train_seconds += time.time() - t0
         bar.update(1)
+        if state.step % GC_EVERY == 0:
+            gc.collect(1)
         if state.step == first_step and world > 1:
             shorten_timeout(args.step_timeout_minutes)
             log.info(f"collective timeout {group_timeout(accelerator).total_seconds() / 60:g} min from step "
@@ -658,6 +667,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
                 break
         if save_due:
             save(run_dir / ckpt.step_dir_name(state.step))
+        if eval_due or save_due:  # tokens/s and MFU count training steps, not the evaluation and save just done
+            window = (time.time(), state.step)
     bar.close()
     vote.close()
     preempted = vote.stopping and not vote.time_up  # a signal or upload failures: the grace budget applies
