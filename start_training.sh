@@ -61,7 +61,7 @@ ROOT=$(dirname "$0")
 PY=python3
 [ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"
 
-gpus="" procs="" machines="" rank="" ip="" port="" acc_config="" mp="" dry_run=0
+preset="" gpus="" procs="" machines="" rank="" ip="" port="" acc_config="" mp="" dry_run=0
 train_args=()
 while [ $# -gt 0 ]; do
   opt=$1
@@ -77,7 +77,7 @@ while [ $# -gt 0 ]; do
   esac
   val=$2
   case "$opt" in
-    --config|--resume|--max-steps|--data|--credentials) train_args+=("$opt" "$val") ;;
+    --config|--resume|--max-steps|--data|--credentials) train_args+=("$opt" "$val"); [ "$opt" = --config ] && preset=$val ;;
     --mixed-precision)
       [[ "$val" =~ ^(no|fp16|bf16)$ ]] || die "--mixed-precision '$val' is not allowed (allowed: no, fp16, bf16)"
       mp=$val; train_args+=(--mixed-precision "$val") ;;
@@ -142,6 +142,10 @@ total=$((per_machine * machines))
 
 # Always name a config file: without one, accelerate silently reads a leftover
 # ~/.cache/huggingface/accelerate/default_config.yaml (e.g. gpu_ids '0' breaks any multi-process run).
+# The 1.2B preset on several GPUs defaults to FSDP2 (README "Checking a GPU box": half the GPU memory of DDP,
+# one 5.7 GB model build per machine instead of one per GPU, no DDP graph splits under compile).
+[ -z "$acc_config" ] && [ "$preset" = production ] && [ "$gpus" -gt 0 ] && [ "$total" -gt 1 ] \
+  && acc_config="$ROOT/configs/accelerate/fsdp_production.yaml"
 user_config=$acc_config
 if [ -z "$acc_config" ] && [ "$total" -gt 1 ]; then
   acc_config="$ROOT/configs/accelerate/multi_gpu_ddp.yaml"

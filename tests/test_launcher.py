@@ -100,11 +100,19 @@ def test_gpus_1_is_a_single_gpu_process():
 
 
 def test_gpus_8_is_ddp_with_mixed_precision_on_both_sides():
-    _, launch, train = launched("--config", "production", "--gpus", "8", "--mixed-precision", "bf16", fake_gpus=8)
+    _, launch, train = launched("--config", "small", "--gpus", "8", "--mixed-precision", "bf16", fake_gpus=8)
     assert launch.multi_gpu and launch.num_processes == 8 and launch.num_machines == 1
     assert launch.main_process_port == 0 and launch.config_file.endswith("configs/accelerate/multi_gpu_ddp.yaml")
     assert launch.mixed_precision == "bf16"
-    assert train == ["--config", "production", "--mixed-precision", "bf16"]
+    assert train == ["--config", "small", "--mixed-precision", "bf16"]
+
+
+def test_production_on_several_gpus_defaults_to_fsdp2():
+    """1.2B under DDP: 44.5 GiB per GPU and a 5.7 GB model build per GPU in host memory; FSDP2 28.7 GiB, one build."""
+    _, launch, _ = launched("--config", "production", "--gpus", "8", fake_gpus=8)
+    assert launch.config_file.endswith("configs/accelerate/fsdp_production.yaml") and not launch.multi_gpu
+    _, launch, _ = launched("--config", "production", "--gpus", "1", fake_gpus=8)
+    assert launch.config_file.endswith("configs/accelerate/single_gpu.yaml")
 
 
 def test_train_flags_map_in_order_and_extras_pass_verbatim():
@@ -118,7 +126,7 @@ def test_train_flags_map_in_order_and_extras_pass_verbatim():
 def test_multi_node_flags_pass_through_and_count_all_processes():
     _, launch, _ = launched("--config", "production", "--gpus", "8", "--num-machines", "2", "--machine-rank", "1",
                             "--main-process-ip", "10.1.2.3", "--main-process-port", "1234", fake_gpus=8)
-    assert launch.multi_gpu and launch.num_processes == 16 and launch.num_machines == 2
+    assert launch.num_processes == 16 and launch.num_machines == 2
     assert (launch.machine_rank, launch.main_process_ip, launch.main_process_port) == (1, "10.1.2.3", 1234)
 
 
