@@ -499,10 +499,15 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
              + (f", collective timeout {timeout.total_seconds() / 60:g} min" if (timeout := group_timeout(accelerator)) else ""))
     if is_main and (note := ckpt.grace_warning(n_params, world, args.grace_seconds, bucket is not None)):
         log.warning(note)
-    if not shapes_only:
+    # FSDP2: prepare() shards and places the weights; moving rank 0's full fp32 model onto its GPU first would
+    # cost 5.7 GB there at 1.2B, and a batch probe of that unsharded model measures the wrong memory.
+    sharded = accelerator.is_fsdp2
+    if not shapes_only and not sharded:
         model.to(accelerator.device)
     if args.micro_batch_size == "auto":
-        if cuda:  # ranks holding shapes only cannot probe: they leave the choice to the others
+        if cuda and sharded:
+            log.warning("--batch-size auto: FSDP2 cannot probe before sharding; using the preset's micro batch")
+        elif cuda:  # ranks holding shapes only cannot probe: they leave the choice to the others
             probed = 1 << 30 if shapes_only else find_micro_batch(model, tc.seq_len, accelerator)
             found = torch.tensor(-probed, device=accelerator.device)
             # the smallest over ranks (the loader's rank split needs one batch size everywhere) that divides the global batch
