@@ -199,8 +199,8 @@ def stage_save(out: Path, cpu: bool, steps: int) -> None:
     _, _, b = run_train(out, "save-b", cpu, [*common, "--save-every", str(10 * steps)])
     folder = out / "ckpt" / "save-a" / ckpt.step_dir_name(every)
     shutil.rmtree(out / "ckpt" / "save-b", ignore_errors=True)
+    rows, text, blocking = history(a), (a / "training.log").read_text(), blocked_seconds(a)  # before the resume appends
     _, _, r = run_train(out, "save-a", cpu, [*common, "--save-every", str(10 * steps), "--resume", str(folder)])
-    text = (a / "training.log").read_text()
     write = re.search(rf"saved checkpoint \S+{ckpt.step_dir_name(every)} \(([\d.]+) s\)", text)
     shards = [p for p in folder.glob("*.distcp")] if folder.is_dir() else []
     size = sum(p.stat().st_size for p in folder.iterdir()) if folder.is_dir() else 0
@@ -208,11 +208,10 @@ def stage_save(out: Path, cpu: bool, steps: int) -> None:
     for p in shards:
         crc32c_file(p)
     crc_s = time.monotonic() - start
-    rows = history(a)
     quiet = [rows[s]["train/step_time_s"] for s in rows if s > 2 and s not in (every + 1, every + 2)]
     busy = [rows[s]["train/step_time_s"] for s in (every + 1, every + 2) if s in rows]
     staged = sum(p.stat().st_size for p in shards)
-    record(out, "save", blocking_s=blocked_seconds(a), write_s=float(write.group(1)) if write else None,
+    record(out, "save", blocking_s=blocking, write_s=float(write.group(1)) if write else None,
            write_gb_per_s=size / GB / float(write.group(1)) if write and float(write.group(1)) > 0 else None,
            crc32c_gb_per_s=staged / GB / crc_s if crc_s > 0 else None,
            step_ratio_during_write=statistics.median(busy) / statistics.median(quiet) if busy and quiet else None,
