@@ -136,6 +136,9 @@ def run_train(out: Path, name: str, cpu: bool, extra: list[str], fsdp: bool = Fa
            "--set", "train.global_batch_tokens=0", "--log-every", "1", "--warmup-steps", "2", "--keep-last", "1",
            "--report-to", "none", "--output-dir", str(out / "ckpt"), "--log-dir", str(out / "logs"),
            "--run-name", name, *extra]
+    if "--resume" not in extra:  # a stage run again in the same DIR starts its runs afresh
+        for folder in (out / "ckpt" / name, out / "logs" / name):
+            shutil.rmtree(folder, ignore_errors=True)
     env = {**os.environ, "TORCH_LOGS": "recompiles,graph_breaks", "PICONEOX_CPU_FSDP": "1" if fsdp else "0"}
     start = time.monotonic()
     with open(out / f"{name}.out", "w") as log:
