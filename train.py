@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import math
 import os
 import sys
 import time
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 
 from utils.errors import CliParser, PiconeoxError, cli
@@ -28,12 +30,14 @@ SHORTCUTS = {
     "--mixed-precision": "mixed_precision", "--compile": "compile", "--seed": "seed", "--log-every": "log_every",
     "--warmup-steps": "warmup_steps",
 }
+GC_EVERY = 50  # steps between the loop's garbage collections (automatic gc is off while it runs)
 # Every run.* setting as a flag (same as --set run.KEY=VALUE); its help is the field's docstring in configs/run.py.
 RUN_FLAGS = {
     "--run-name": "run_name", "--output-dir": "output_dir", "--log-dir": "log_dir", "--resume": "resume",
     "--init-from": "init_from", "--checkpoint-bucket": "checkpoint_bucket", "--credentials": "credentials",
     "--max-upload-failures": "max_upload_failures", "--grace-seconds": "grace_seconds",
-    "--collective-timeout-minutes": "collective_timeout_minutes", "--report-to": "report_to",
+    "--collective-timeout-minutes": "collective_timeout_minutes", "--step-timeout-minutes": "step_timeout_minutes",
+    "--report-to": "report_to",
     "--sample-prompt": "sample_prompt",
 }
 
@@ -108,7 +112,6 @@ def preflight(cfg, pretrained) -> Path | None:
     from utils.ckpt.resume import check_new_run
     from utils.data.shards import verify_dataset
     from utils.data.source import DATA_CACHE, check_data_arg, ensure_local
-    from utils.storage.gcs import resolve_credentials
 
     if (local := check_data_arg(cfg.train)) is not None:
         dataset = verify_dataset(local)  # hashes the shards on first use; the launched run then finds them cached
@@ -117,6 +120,8 @@ def preflight(cfg, pretrained) -> Path | None:
     check_new_run(cfg.run.resume, *run_dirs(cfg)[1:])
     s = cfg.run
     if s.credentials or any(u and u.startswith("gs://") for u in (cfg.train.data, s.checkpoint_bucket, s.resume)):
+        from utils.storage.gcs import resolve_credentials  # the Google clients only where gs:// is used
+
         resolve_credentials(s.credentials)  # the key loads; no bucket is read
     if s.resume and s.resume != "auto" and not s.resume.startswith("gs://"):
         ckpt.find_checkpoint(s.resume, resume=True, flag="--resume ", warn=lambda _: None)
@@ -154,35 +159,6 @@ class Run:
     grad_norm: float = 0.0
 
 
-def open_uploader(cfg, name: str, accelerator):
-    """Every rank writes and uploads its own shard on its own thread; rank 0 completes each checkpoint.
-
-    Each storage call gives up within one grace period, so a dead bucket cannot hold a clean stop for long."""
-    from utils.ckpt.uploader import CheckpointUploader
-    from utils.distributed import checkpoint_group
-    from utils.storage import open_storage
-
-    s, tc = cfg.run, cfg.train
-    bucket = open_storage(s.checkpoint_bucket, s.credentials, timeout_s=s.grace_seconds).child(name) \
-        if s.checkpoint_bucket else None
-    return CheckpointUploader(bucket, keep_remote=tc.keep_last, keep_local=tc.keep_last, max_failures=s.max_upload_failures,
-                              background=s.background_upload, progress=accelerator.is_main_process,
-                              group=checkpoint_group(), rank=accelerator.process_index,
-                              rotate_local=accelerator.is_local_main_process)
-
-
-def resumed_config(cfg, resume_from: Path | None, world: int, data_dir: Path):
-    """(cfg, the dataset's tokenizer sha256): a resume refuses another model shape or tokenizer and keeps the
-    checkpoint's tokens per step on any number of processes."""
-    from utils import ckpt
-    from utils.ckpt import resume
-
-    saved = ckpt.read_part(resume_from, "run_config") if resume_from else None
-    tokenizer_sha256 = resume.check_resumable(saved, resume_from, cfg.model.to_dict(), data_dir)
-    trainer = ckpt.read_part(resume_from, "trainer") if resume_from else None
-    return replace(cfg, train=resume.batch_for_world(cfg.train, world, saved, trainer)), tokenizer_sha256
-
-
 def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = False) -> Run:
     """Build every part of the run, in the order each depends on the last; `cleanup` undoes what needs it."""
     import torch
@@ -193,6 +169,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     from configs.plan import model_flops_per_token, use_activation_checkpointing
     from utils import ckpt
     from utils.ckpt import resume
+    from utils.ckpt.uploader import open_uploader
     from utils.data.source import local_dataset, make_loaders
     from utils.data.tokenizers import load_tokenizer
     from utils.distributed import make_accelerator, weights_come_from_rank0
@@ -223,12 +200,14 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     cleanup.callback(metrics.close)  # on every exit path: flush TensorBoard, finish the W&B run
 
     stop = StopRequest(s.grace_seconds)
-    uploader = cleanup.enter_context(open_uploader(cfg, name, accelerator))
+    uploader = cleanup.enter_context(open_uploader(s, tc.keep_last, name, accelerator))
     # Where to resume (rank 0 decides, before anything heavy is built, so a bad path fails fast).
     resume_from = resume.agree(accelerator, s.resume, run_dir, uploader.store,
                                host_dir(Path(s.output_dir) / ".remote-cache"),  # output_dir may be shared: one each
                                s.credentials, s.grace_seconds, log)
-    cfg, tokenizer_sha256 = resumed_config(cfg, resume_from, accelerator.num_processes, data_dir)
+    train_cfg, tokenizer_sha256 = resume.resumed_config(tc, cfg.model.to_dict(), resume_from, accelerator.num_processes,
+                                                        data_dir)
+    cfg = replace(cfg, train=train_cfg)
     if pretrained:
         pretrained.check_dataset(data_dir, tokenizer_sha256)
         log.info(f"--init-from {pretrained.path}: model shape from its config.json ({pretrained.describe()}), not the "
@@ -246,9 +225,12 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     if accelerator.is_main_process and (note := ckpt.grace_warning(n_params, accelerator.num_processes,
                                                                    s.grace_seconds, uploader.store is not None)):
         log.warning(note)
-    if not shapes_only:
+    sharded = accelerator.is_fsdp2  # prepare() places FSDP2 shards: rank 0's full model never goes to its GPU
+    if not shapes_only and not sharded:
         model.to(accelerator.device)
-    if auto_batch:
+    if auto_batch and cuda and sharded:
+        log.warning("--batch-size auto: FSDP2 cannot probe before sharding; using the preset's micro batch")
+    elif auto_batch:
         cfg = replace(cfg, train=auto_micro_batch(cfg.train, model, accelerator, shapes_only))
         train_loader, val_loader = make_loaders(data_dir, cfg.train, accelerator)
         log.info(f"--batch-size auto: micro batch {cfg.train.micro_batch_size}"
@@ -324,11 +306,14 @@ def train(run: Run) -> str:
     import time as clock
 
     from utils import ckpt, lm
+    from utils.distributed import shorten_timeout, timeouts_line
     from utils.preemption import StopVote
 
     tc, state = run.cfg.train, run.state
     deadline = clock.time() + tc.max_training_hours * 3600 - state.train_seconds if tc.max_training_hours else math.inf
-    run.vote = StopVote(run.stop, run.accelerator, deadline)  # signals on any rank, the time limit on rank 0's clock
+    # Signals on any rank, the time limit on rank 0's clock; a hung rank fails the vote as fast as a step.
+    run.vote = StopVote(run.stop, run.accelerator, deadline, timedelta(minutes=run.cfg.run.step_timeout_minutes))
+    first_step = state.step + 1  # compiled and warmed up after this one: collectives get the short timeout
     batches = iter(run.train_loader)
     run.model.train()
     while state.step < tc.max_steps:
@@ -341,6 +326,11 @@ def train(run: Run) -> str:
         state.tokens_seen += tc.global_batch_tokens
         state.train_seconds += clock.time() - t0
         run.report.bar.update(1)
+        if state.step % GC_EVERY == 0:
+            gc.collect(1)
+        if state.step == first_step and run.accelerator.num_processes > 1:
+            shorten_timeout(run.cfg.run.step_timeout_minutes)
+            run.log.info(timeouts_line(run.accelerator, run.vote.group, run.uploader.group, first_step + 1))
         log_due = state.step % tc.log_every == 0 or state.step == tc.max_steps
         eval_due = state.step % tc.eval_every == 0 or state.step == tc.max_steps
         save_due = state.step % tc.save_every == 0
@@ -364,6 +354,8 @@ def train(run: Run) -> str:
                 return f"early stopping: no val improvement in {tc.patience} evaluations"
         if save_due:
             save(run, run.run_dir / ckpt.step_dir_name(state.step))
+        if eval_due or save_due:
+            run.report.speed.restart(state.step)
     return "max steps reached"
 
 
@@ -390,7 +382,7 @@ def save(run: Run, folder: Path, weights_only: bool = False) -> None:
             ckpt.prepare_step_folder(folder)  # an interrupted earlier save of this step; before any rank writes
     start = time.monotonic()
     snapshot = run.checkpointer.capture(run.state.step, weights_only=weights_only)
-    run.log.debug(f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
+    (run.log.info if run.accelerator.is_main_process else run.log.debug)(f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
     if run.accelerator.is_main_process or not weights_only:  # best/: the weights were gathered onto rank 0 only
         run.uploader.submit(SaveRequest(snapshot, folder, weights_only))
 
@@ -465,6 +457,10 @@ def run(args) -> int:
     with contextlib.ExitStack() as cleanup:
         r = setup(cfg, pretrained, cleanup, auto_batch=args.micro_batch_size == "auto")
         cleanup.enter_context(r.stop)  # SIGTERM/SIGINT now only ask for a clean stop
+        # Automatic gc would run at a different moment on every rank, and the others wait for it in the next
+        # collective: the loop collects at the same steps everywhere instead (torchtitan does the same).
+        gc.disable()
+        cleanup.callback(gc.enable)
         return finish(r, train(r))
 
 

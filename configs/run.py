@@ -42,8 +42,10 @@ class RunSettings(ConfigBase):
     grace_seconds: float = 30.0
     """On SIGTERM/SIGINT: save, flush uploads and exit 0 within this many seconds; also each storage call's limit."""
     collective_timeout_minutes: float = 60.0
-    """How long a rank waits for the others in a collective before the run fails (covers a resume download or a
-    synchronous save of the 1.2B preset)."""
+    """How long a rank waits for the others in a collective before the run fails, until step 1 is done (covers a
+    resume download, the compile and a synchronous save of the 1.2B preset)."""
+    step_timeout_minutes: float = 10.0
+    """The collective timeout from step 2 on, and the stop vote's: a hung rank idles the other GPUs this long."""
     report_to: str = "tensorboard"
     """Trackers for every logged value, comma-separated: tensorboard, wandb, mlflow, ... (accelerate's), or none."""
     sample_prompt: str = "Once upon a time"
@@ -58,6 +60,7 @@ class RunSettings(ConfigBase):
         from utils.trackers import parse_report_to
 
         check_timeout(self.collective_timeout_minutes)
+        check_timeout(self.step_timeout_minutes, "--step-timeout-minutes", 10)
         check_grace_seconds(self.grace_seconds)
         CheckpointUploader.check_settings(bool(self.checkpoint_bucket), keep_last, self.max_upload_failures)
         parse_report_to(self.report_to)

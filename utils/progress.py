@@ -50,6 +50,10 @@ class Throughput:
         self.recent_losses.append(loss)
         return dt, self.tokens_per_step / dt, sum(self.recent_losses) / len(self.recent_losses)
 
+    def restart(self, step: int) -> None:
+        """Count from now: tokens/s and MFU measure training steps, not an evaluation or a save just done."""
+        self.since = (time.time(), step)
+
     def since_last_eval(self) -> float:
         """Mean tokens/s since the previous call (the eval line's figure, not just this step's)."""
         tok_s, self.tokens, self.seconds = self.tokens / self.seconds, 0, 0.0

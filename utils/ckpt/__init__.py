@@ -13,8 +13,8 @@ from utils.ckpt.format import (DCP_INDEX, MARKER, STEP_RE, WEIGHTS_FILE, check_c
                                latest_complete, manifest, read_marker, rng_name, rotate, step_dir_name, step_folders,
                                write_marker)
 from utils.ckpt.load import checked, load_model, load_sharded, read_part, read_rng, read_weights
-from utils.ckpt.state import (Snapshot, full_weights, grace_warning, rng_state, set_rng_state, sharded_state,
-                              stage)
+from utils.ckpt.state import (Snapshot, full_weights, grace_warning, own_share, rng_state, set_rng_state,
+                              sharded_state, stage, staged_share, tensor_bytes, tensor_leaves)
 from utils.ckpt.write import (consolidate, consolidate_into, fresh_tmp, link_copy, prepare_step_folder, publish_final,
                               save_pretrained_weights, swap_into_place, write_common, write_shards, write_weights)
 
@@ -22,6 +22,6 @@ __all__ = ["DCP_INDEX", "MARKER", "STEP_RE", "WEIGHTS_FILE", "Checkpointer", "Pa
            "check_complete", "check_files", "checked", "consolidate", "consolidate_into", "find_checkpoint",
            "fresh_tmp", "full_weights", "grace_warning", "latest_complete", "link_copy", "load_model",
            "load_sharded", "manifest", "prepare_step_folder", "publish_final", "read_marker", "read_part", "read_rng", "read_weights",
-           "rng_name", "rng_state", "rotate", "save_pretrained_weights", "set_rng_state", "sharded_state", "stage",
+           "rng_name", "rng_state", "rotate", "save_pretrained_weights", "set_rng_state", "sharded_state", "stage", "staged_share", "tensor_bytes", "tensor_leaves", "own_share",
            "step_dir_name", "step_folders", "swap_into_place", "training_parts", "write_common", "write_marker",
            "write_shards", "write_weights"]

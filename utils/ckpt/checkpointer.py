@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from utils.ckpt.load import load_sharded, read_part, read_rng
-from utils.ckpt.state import Snapshot, full_weights, rng_state, set_rng_state, sharded_state, stage
+from utils.ckpt.state import Snapshot, full_weights, rng_state, set_rng_state, staged_share
 from utils.errors import PiconeoxError
 
 
@@ -85,7 +85,7 @@ class Checkpointer:
         common["run_config"] = ("json", self.run_config)
         return Snapshot(
             step=step, rank=self.rank, world_size=self.world_size,
-            state=None if weights_only else stage(sharded_state(self.model, self.optimizer)),
+            state=None if weights_only else staged_share(self.model, self.optimizer, self.rank, self.world_size),
             weights=full_weights(self.model) if weights_only else None,
             rng=rng_state(), common=common, hf_config=self.model.config, tokenizer=self.tokenizer)
 
