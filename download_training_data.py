@@ -72,7 +72,8 @@ def report(summary: SyncSummary, *, pushing: bool, dry_run: bool) -> str:
     verb = "uploaded" if pushing else "downloaded"
     mb = summary.bytes / 1e6
     if dry_run:
-        return f"dry run: would have {verb} {summary.downloaded} files ({mb:.1f} MB), skipped {summary.skipped}, refused {summary.failed}"
+        return (f"dry run: would have {verb} {summary.downloaded} files ({mb:.1f} MB), skipped {summary.skipped}, "
+                f"refused {summary.failed}")
     rate = mb / summary.seconds if summary.seconds > 0 else 0.0
     return (f"{verb} {summary.downloaded} files ({mb:.1f} MB, {rate:.1f} MB/s), "
             f"skipped {summary.skipped}, failed {summary.failed}")

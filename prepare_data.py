@@ -34,7 +34,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="char: one id per distinct character, plus <|endoftext|>; byte (default): 256 ids, "
                         "id = byte value, 255 = <|endoftext|>; bpe: byte-level BPE with --vocab-size ids")
     p.add_argument("--vocab-size", type=int, help="bpe only: 257..65535")
-    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help=f"tokens per shard file (default: {DEFAULT_SHARD_TOKENS:,})")
+    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
+                   help=f"tokens per shard file (default: {DEFAULT_SHARD_TOKENS:,})")
     p.add_argument("--dataset-percent", type=float, default=100.0, help="keep this %% of documents (1..100)")
     p.add_argument("--val", nargs="+", action="extend", default=[], metavar="FILE|GLOB",
                    help="validation text: every document of these goes to val and every document of the "
@@ -47,7 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="fraction for val (0 <= F < 1, default: 0.1, or 0 with --val)")
     p.add_argument("--seed", type=int, default=0, help="fixes which documents are kept and which go to val")
     p.add_argument("--tokenizer-from", metavar="PATH", help="tokenize with this checkpoint's tokenizer.json "
-                   "(a Pythia folder, or checkpoints/<run>/final) instead of --tokenizer, for train.py --init-from PATH")
+                   "(a Pythia folder, or checkpoints/<run>/final) instead of --tokenizer, for train.py "
+                   "--init-from PATH")
     p.add_argument("--retrain-tokenizer", action="store_true", help="replace an existing tokenizer.json")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizer processes (default: all cores)")
     p.add_argument("--errors", choices=DECODE_ERRORS, default="strict",

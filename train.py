@@ -48,11 +48,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="test", help=f"preset name ({', '.join(PRESET_NAMES)})")
-    p.add_argument("--config-file", help="YAML file with `model:`, `train:` and/or `run:` sections overriding the preset")
+    p.add_argument("--config-file",
+                   help="YAML file with `model:`, `train:` and/or `run:` sections overriding the preset")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override any setting, e.g. --set model.num_layers=6 (repeatable)")
     p.add_argument("--data", help="prepared dataset dir, gs://bucket/prefix of one, or `demo`")
-    p.add_argument("--print-plan", action="store_true", help="print parameters, batch, tokens and memory per GPU, then exit")
+    p.add_argument("--print-plan", action="store_true",
+                   help="print parameters, batch, tokens and memory per GPU, then exit")
     p.add_argument("--preflight", action="store_true", help="check every setting, sync a gs:// --data into "
                    "data/gcs-cache/<host>/, print that folder and exit (start_training.sh runs it once per machine)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan (default 1)")
@@ -253,8 +255,10 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
         checkpointer.load(resume_from)
         log.info(f"resumed from {resume_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
     if state.step >= tc.max_steps:
-        raise PiconeoxError(f"--max-steps {tc.max_steps}: the resumed run is already at step {state.step}; raise --max-steps")
-    report = TrainReport(metrics, log, total_steps=tc.max_steps, step=state.step, tokens_per_step=tc.global_batch_tokens,
+        raise PiconeoxError(f"--max-steps {tc.max_steps}: the resumed run is already at step {state.step}; "
+                            "raise --max-steps")
+    report = TrainReport(metrics, log, total_steps=tc.max_steps, step=state.step,
+                         tokens_per_step=tc.global_batch_tokens,
                          world=accelerator.num_processes, flops_per_token=model_flops_per_token(cfg.model, tc.seq_len),
                          peak=peak_flops(torch.cuda.get_device_name() if cuda else None, tc.mixed_precision),
                          is_main=accelerator.is_main_process)
@@ -382,7 +386,8 @@ def save(run: Run, folder: Path, weights_only: bool = False) -> None:
             ckpt.prepare_step_folder(folder)  # an interrupted earlier save of this step; before any rank writes
     start = time.monotonic()
     snapshot = run.checkpointer.capture(run.state.step, weights_only=weights_only)
-    (run.log.info if run.accelerator.is_main_process else run.log.debug)(f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
+    (run.log.info if run.accelerator.is_main_process else run.log.debug)(
+        f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
     if run.accelerator.is_main_process or not weights_only:  # best/: the weights were gathered onto rank 0 only
         run.uploader.submit(SaveRequest(snapshot, folder, weights_only))
 

@@ -14,7 +14,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("NO_GCE_CHECK", "true")  # never probe a cloud metadata server

@@ -73,12 +73,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         data = prepare(["demo"], name="bench", out_dir=out, tokenizer="byte", dataset_percent=20)
-        cfg = resolve_config(args.preset, None, {"train.seq_len": args.seq_len, "train.micro_batch_size": args.batch_size})
+        cfg = resolve_config(args.preset, None,
+                             {"train.seq_len": args.seq_len, "train.micro_batch_size": args.batch_size})
         cfg = type(cfg)(cfg.preset, cfg.model.with_vocab(256), cfg.train)
         tokens = args.seq_len * args.batch_size
         t_trainer = trainer_loop(args, data, out)
         t_bare = bare_loop(cfg, args.steps)
-    print(f"\nmodel {args.preset}, batch {args.batch_size} x {args.seq_len} tokens, {torch.get_num_threads()} threads, median of {args.steps} steps")
+    print(f"\nmodel {args.preset}, batch {args.batch_size} x {args.seq_len} tokens, {torch.get_num_threads()} "
+          f"threads, median of {args.steps} steps")
     print(f"bare loop  {tokens / t_bare:10,.0f} tok/s  ({t_bare * 1000:.1f} ms/step)")
     print(f"train.py   {tokens / t_trainer:10,.0f} tok/s  ({t_trainer * 1000:.1f} ms/step)")
     print(f"ratio train.py / bare = {t_bare / t_trainer:.3f}  (goal >= 0.95)")

@@ -63,10 +63,12 @@ def run_shape(shape: str, args, data: Path) -> dict:
                *[a for s in sets for a in ("--set", s)]]
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w") as out:
-            done = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            done = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
         if done.returncode:
             raise PiconeoxError(f"training {name} failed (exit {done.returncode}); see {log}")
-    subprocess.run([sys.executable, "-m", "rp2040.export", str(run / "final"), "--out", str(model_dir), "--dtype", "int8"],
+    subprocess.run([sys.executable, "-m", "rp2040.export", str(run / "final"), "--out", str(model_dir),
+                    "--dtype", "int8"],
                    cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     e = emulate(model_dir, PROMPT, args.tokens, progress=False)
     loss, bpb = val_metrics(run / "final", data)
@@ -100,7 +102,8 @@ def table(rows: list[dict]) -> str:
 @cli
 def main(argv: list[str] | None = None) -> int:
     ap = CliParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base", default="pico-best", choices=[p for p in MODEL_PRESETS if p.startswith(("rp2040", "pico"))])
+    ap.add_argument("--base", default="pico-best",
+                    choices=[p for p in MODEL_PRESETS if p.startswith(("rp2040", "pico"))])
     ap.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, metavar="hH-lL-aA-fF-cC")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the base preset's)")

@@ -137,7 +137,8 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None) -> P
 
     world = max(gpus, 1)
     train = train.for_world(world)  # the accumulation that keeps the global batch on this many GPUs
-    s, b, h, L, V = train.seq_len, train.micro_batch_size, model_cfg.hidden_size, model_cfg.num_layers, model_cfg.vocab_size
+    s, b = train.seq_len, train.micro_batch_size
+    h, L, V = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.vocab_size
     batch_tokens = train.global_batch_tokens
     half = train.mixed_precision in ("fp16", "bf16")
     act_scale = 1 if half else 2  # Korthikanti's byte counts assume 16-bit activations

@@ -65,8 +65,9 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
     # nanoGPT's train_shakespeare_char CPU recipe (batch 12, block 64, 2000 iters, lr 1e-3, beta2 0.99), on
     # nanoGPT's input.txt prepared with the char tokenizer (the error for a missing folder says how). Medium
     # matmul precision + eager attention: 1.34x faster steps here (benchmarks/bench_math.py), same losses.
-    "shakespeare-char": _T(data="data/shakespeare-char", tokenizer="char", seq_len=64, micro_batch_size=12, max_steps=2000,
-                           learning_rate=1e-3, warmup_steps=100, beta2=0.99, eval_every=250, eval_batches=20, save_every=1000,
+    "shakespeare-char": _T(data="data/shakespeare-char", tokenizer="char", seq_len=64, micro_batch_size=12,
+                           max_steps=2000, learning_rate=1e-3, warmup_steps=100, beta2=0.99, eval_every=250,
+                           eval_batches=20, save_every=1000,
                            matmul_precision="medium", attention="eager"),
 }
 
@@ -124,7 +125,8 @@ def resolve_config(preset: str, yaml_file: str | None = None, overrides: dict[st
         try:
             doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except UnicodeDecodeError as e:
-            raise PiconeoxError(f"config file {yaml_file} is not a text (UTF-8 YAML) file: undecodable byte at offset {e.start}") from None
+            raise PiconeoxError(f"config file {yaml_file} is not a text (UTF-8 YAML) file: undecodable byte at "
+                                f"offset {e.start}") from None
         except OSError as e:
             raise PiconeoxError(f"config file {yaml_file} cannot be read: {e.strerror}") from None
         except yaml.YAMLError as e:

@@ -251,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
           f"forward {run.step_ms - run.sample_ms:.1f} + sampling {run.sample_ms:.1f}; "
           f"prompt ({len(run.prompt_ids)} tokens) {run.prompt_us / 1000:.0f} ms")
     predicted = json.loads((args.model_dir / "config.json").read_text())["ram"].get("free_after_load_bytes")
-    print(f"heap: {run.heap_loaded:,} bytes free after load ({'layers streamed from flash' if run.stream else 'weights in RAM'}; "
+    where = "layers streamed from flash" if run.stream else "weights in RAM"
+    print(f"heap: {run.heap_loaded:,} bytes free after load ({where}; "
           f"the exporter predicted {predicted:,}), {run.heap_min:,} minimum during generation (GC heap {HEAP_BYTES:,})")
     print(f"ids equal the host's: {'yes' if same else 'NO'}")
     print(f"[{run.emulated_s:.1f} s emulated in {run.wall_s:.0f} s wall]")

@@ -62,9 +62,11 @@ class Shape:
     def from_hf(cls, config) -> "Shape":
         """Read a transformers GPTNeoXConfig; refuse what the runtime does not implement."""
         if config.model_type != "gpt_neox":
-            raise PiconeoxError(f"model_type {config.model_type!r} is not supported; only gpt_neox exports to the RP2040")
+            raise PiconeoxError(f"model_type {config.model_type!r} is not supported; only gpt_neox exports to "
+                                "the RP2040")
         if config.hidden_act != "gelu":
-            raise PiconeoxError(f"hidden_act {config.hidden_act!r} is not supported by the runtime; only 'gelu' (exact erf)")
+            raise PiconeoxError(f"hidden_act {config.hidden_act!r} is not supported by the runtime; only 'gelu' "
+                                "(exact erf)")
         rope = config.rope_parameters or {}
         if rope.get("rope_type", "default") != "default":
             raise PiconeoxError(f"rope_type {rope.get('rope_type')!r} is not supported; only 'default'")
@@ -185,7 +187,7 @@ def integer_params(t: Tensors, shape: Shape) -> tuple[np.ndarray, list[np.ndarra
     """
     d = shape.hidden
     q_scale = 1.0 / np.sqrt(d // shape.heads)
-    params, mats, tail_shifts = [], [], []
+    params, mats = [], []
     emb_q, emb_s = quantize_rows(t.embedding)
     mats.append(emb_q)
     for i, (p, m) in enumerate(zip(t.layer_params, t.layer_mats)):
@@ -273,10 +275,12 @@ class Vocab:
         tj = json.loads(path.read_text(encoding="utf-8"))
         model = tj.get("model") or {}
         if model.get("type") not in ("BPE", "WordLevel"):
-            raise PiconeoxError(f"{path}: tokenizer model {model.get('type')!r} is not supported; allowed: BPE, WordLevel")
+            raise PiconeoxError(f"{path}: tokenizer model {model.get('type')!r} is not supported; allowed: BPE, "
+                                "WordLevel")
         pre = tj.get("pre_tokenizer")
         if pre is not None and pre.get("type") != "ByteLevel":
-            raise PiconeoxError(f"{path}: pre_tokenizer {pre.get('type')!r} is not supported; allowed: ByteLevel or none")
+            raise PiconeoxError(f"{path}: pre_tokenizer {pre.get('type')!r} is not supported; allowed: ByteLevel "
+                                "or none")
         if tj.get("normalizer") is not None:
             raise PiconeoxError(f"{path}: a normalizer ({tj['normalizer'].get('type')}) is not supported on the device")
         byte_level = pre is not None

@@ -42,7 +42,8 @@ def find_mpremote(search_path: str | None = None) -> str:
     if found is None and search_path is None:
         found = shutil.which("mpremote", path=str(Path(sys.executable).parent))
     if found is None:
-        raise PiconeoxError("mpremote not found: install it with `pip install -r requirements.txt` (mpremote is pinned there)")
+        raise PiconeoxError("mpremote not found: install it with `pip install -r requirements.txt` "
+                            "(mpremote is pinned there)")
     return found
 
 
@@ -72,11 +73,13 @@ def plan(mpremote: str, port: str, files: dict[str, Path], start: bool) -> list[
     dirs = sorted({d.rsplit("/", 1)[0] for d in files if d.count("/") > 1})
     steps = [Step("make directories " + ", ".join(_parents(dirs)), base + ["exec", _mkdirs(_parents(dirs))])]
     for dev, host in files.items():
-        steps.append(Step(f"copy {host.name} ({host.stat().st_size:,} bytes)", base + ["fs", "cp", str(host), ":" + dev]))
+        steps.append(Step(f"copy {host.name} ({host.stat().st_size:,} bytes)",
+                          base + ["fs", "cp", str(host), ":" + dev]))
     if start:
         steps.append(Step("run main.py and stream its output", base + ["exec", "import main"]))
     else:
-        steps.append(Step("reset: main.py starts and asks for a prompt (attach with `mpremote repl`)", base + ["reset"]))
+        steps.append(Step("reset: main.py starts and asks for a prompt (attach with `mpremote repl`)",
+                          base + ["reset"]))
     return steps
 
 

@@ -46,6 +46,7 @@ def pytest_configure(config):
 def wandb_offline(tmp_path_factory):
     """W&B never reaches the network in tests, and writes nothing outside a temp folder."""
     home = tmp_path_factory.mktemp("wandb")
-    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(home), WANDB_CONFIG_DIR=str(home / "config"),
+    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(home),
+                      WANDB_CONFIG_DIR=str(home / "config"),
                       WANDB_CACHE_DIR=str(home / "cache"), WANDB_DATA_DIR=str(home / "data"))
     return home

@@ -65,12 +65,14 @@ unwrapped = accelerator.unwrap_model(model)
 folder = out / "step-00000001"
 base = reset_peak()
 snap = ckpt.Snapshot(step=1, rank=rank, world_size=accelerator.num_processes,
-                     state=ckpt.staged_share(unwrapped, optimizer.optimizer, rank, accelerator.num_processes), weights=None,
+                     state=ckpt.staged_share(unwrapped, optimizer.optimizer, rank, accelerator.num_processes),
+                     weights=None,
                      rng=ckpt.rng_state(), hf_config=unwrapped.config, tokenizer=load_tokenizer(data),
                      common={"run_config": ("json", {})})
 staged = sum(ckpt.tensor_bytes(t) for _, t in ckpt.tensor_leaves(snap.state))
 one_staged = weakref.ref(next(ckpt.tensor_leaves(snap.state))[1])
-uploader = CheckpointUploader(None, keep_local=1, progress=False, group=checkpoint_group(timedelta(minutes=10)), rank=rank)
+uploader = CheckpointUploader(None, keep_local=1, progress=False, group=checkpoint_group(timedelta(minutes=10)),
+                              rank=rank)
 uploader.submit(SaveRequest(snap, folder))
 del snap
 uploader.flush()
@@ -82,7 +84,8 @@ accelerator.wait_for_everyone()
 base = reset_peak()
 ckpt.load_sharded(folder, unwrapped, optimizer.optimizer)
 load = peak() - base
-print(json.dumps({"rank": rank, "build_mb": build / MB, "save_mb": save / MB, "load_mb": load / MB, "staged_mb": staged / MB, "freed": freed,
+print(json.dumps({"rank": rank, "build_mb": build / MB, "save_mb": save / MB, "load_mb": load / MB,
+                  "staged_mb": staged / MB, "freed": freed,
                   "checkpoint_mb": sum(p.stat().st_size for p in folder.iterdir()) / MB,
                   "weights_mb": params * 4 / MB, "optimizer_mb": params * 8 / MB}))
 accelerator.wait_for_everyone()

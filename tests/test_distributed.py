@@ -22,7 +22,8 @@ TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
 
 def run_bounded(cmd, timeout: float, **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run in its own session; a hang past `timeout` kills every process of the run and fails."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kwargs)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

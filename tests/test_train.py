@@ -1,8 +1,6 @@
 """train.py end to end on CPU: learning, exact resume, checkpoints, limits and bad input."""
 import json
-import math
 import shutil
-from pathlib import Path
 
 import pytest
 import torch

@@ -64,8 +64,9 @@ def make_accelerator(mixed_precision: str, cuda: bool, timeout_minutes: float):
                               kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=timeout_minutes))])
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != accelerator.num_processes:  # e.g. an FSDP config on a box without CUDA: each rank alone
-        raise PiconeoxError(f"{launched} processes were launched but they formed a group of {accelerator.num_processes}; "
-                            "without GPUs use ./start_training.sh --gpus 0 --procs N (FSDP and multi-GPU configs need CUDA)")
+        raise PiconeoxError(f"{launched} processes were launched but they formed a group of "
+                            f"{accelerator.num_processes}; without GPUs use ./start_training.sh --gpus 0 --procs N "
+                            "(FSDP and multi-GPU configs need CUDA)")
     if plugin is not None and accelerator.distributed_type == DistributedType.MULTI_CPU:
         if os.environ.get(CPU_FSDP_ENV) == "1":
             shard_on_cpu(accelerator, plugin)
@@ -84,7 +85,8 @@ def shard_on_cpu(accelerator, plugin) -> None:
     from accelerate.utils import DistributedType
 
     if plugin.fsdp_version != 2:
-        raise PiconeoxError(f"{CPU_FSDP_ENV}=1 needs fsdp_version: 2 in the accelerate config (got {plugin.fsdp_version})")
+        raise PiconeoxError(f"{CPU_FSDP_ENV}=1 needs fsdp_version: 2 in the accelerate config "
+                            f"(got {plugin.fsdp_version})")
     if accelerator.mixed_precision != "no":
         plugin.set_mixed_precision(accelerator.mixed_precision)  # what AcceleratorState does for GPU FSDP
     accelerator.state.distributed_type = DistributedType.FSDP

@@ -57,7 +57,8 @@ def run_tasks(lm, tasks: list[str], manager, limit: int | None, num_fewshot: int
     import lm_eval
 
     try:
-        return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
+        return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
+                                       num_fewshot=num_fewshot,
                                        log_samples=False, random_seed=seed, numpy_random_seed=seed,
                                        torch_random_seed=seed, fewshot_random_seed=seed)
     except (ConnectionError, OSError) as e:  # the hub is out of reach and the data is not cached
@@ -81,7 +82,8 @@ def text_perplexity(lm, text: str) -> dict[str, float]:
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="checkpoints/<run>/best, final or step-XXXXXXXX (a run directory: its best/)")
-    p.add_argument("--tasks", help="comma-separated lm-eval tasks, e.g. hellaswag,lambada_openai,arc_easy,piqa,winogrande")
+    p.add_argument("--tasks",
+                   help="comma-separated lm-eval tasks, e.g. hellaswag,lambada_openai,arc_easy,piqa,winogrande")
     p.add_argument("--include-path", metavar="DIR", help="folder of extra lm-eval task YAML files")
     p.add_argument("--eval-perplexity", metavar="FILE", help="raw text file: word-level perplexity (WikiText-style)")
     p.add_argument("--limit", type=int, help="only the first N examples of each task (a quick look, not a score)")
@@ -105,7 +107,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     tasks = [t.strip() for t in (args.tasks or "").split(",") if t.strip()]
     batch = args.batch_size if args.batch_size == "auto" else int(args.batch_size) if args.batch_size.isdigit() else 0
-    if not batch or (args.limit is not None and args.limit < 1) or (args.num_fewshot is not None and args.num_fewshot < 0):
+    if not batch or (args.limit is not None and args.limit < 1) or (
+            args.num_fewshot is not None and args.num_fewshot < 0):
         raise PiconeoxError("--batch-size must be a positive integer or auto, --limit positive, --num-fewshot >= 0")
     text = None
     if args.eval_perplexity:

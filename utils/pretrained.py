@@ -16,7 +16,8 @@ from utils import ckpt
 from utils.data.tokenizers import TOKENIZER_FILE, file_sha256
 from utils.errors import PiconeoxError
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json",
                 ".metadata")  # the last: our sharded step folders (torch.distributed.checkpoint)
 # GPT-NeoX settings a piconeox ModelConfig does not carry: a checkpoint must have these values, or a resumed
 # run (which rebuilds the model from the ModelConfig) would differ from the model it started from.
@@ -62,7 +63,8 @@ class Pretrained:
             model, info = GPTNeoXForCausalLM.from_pretrained(self.path, dtype=torch.float32, attn_implementation="sdpa",
                                                              output_loading_info=True)
         except (OSError, ValueError, RuntimeError) as e:
-            raise PiconeoxError(f"--init-from {self.path}: the weights do not load ({str(e).splitlines()[0]})") from None
+            why = str(e).splitlines()[0]
+            raise PiconeoxError(f"--init-from {self.path}: the weights do not load ({why})") from None
         if info["missing_keys"]:
             raise PiconeoxError(f"--init-from {self.path}: the weights lack {len(info['missing_keys'])} tensors of the "
                                 f"model its config.json describes (e.g. {sorted(info['missing_keys'])[0]})")

@@ -97,8 +97,10 @@ class TrainReport:
         self.metrics.scalars(step, {"val/loss": val, "val/perplexity": math.exp(min(val, 50))})
         tok_s = self.speed.since_last_eval()
         util, gpu = mfu(tok_s / self.world, self.flops_per_token, self.peak), gpu_stats()
-        gpu_text = "n/a" if gpu["gpu/util_pct"] is None else f"{gpu['gpu/util_pct']:.0f}% busy, {gpu['gpu/mem_gb']:.1f} GB"
-        self.log.info(f"step {step}: train loss {loss:.4f}, val loss {val:.4f}, perplexity {math.exp(min(val, 50)):.2f}, "
+        gpu_text = ("n/a" if gpu["gpu/util_pct"] is None
+                    else f"{gpu['gpu/util_pct']:.0f}% busy, {gpu['gpu/mem_gb']:.1f} GB")
+        self.log.info(f"step {step}: train loss {loss:.4f}, val loss {val:.4f}, "
+                      f"perplexity {math.exp(min(val, 50)):.2f}, "
                       f"{tok_s:,.0f} tok/s ({tok_s / self.world:,.0f} per device), MFU "
                       f"{f'{util:.1%}' if util else 'n/a'}, GPU {gpu_text}"
                       + (" (best)" if improved else f" ({evals_without_improvement} eval(s) without improvement)"))

@@ -21,7 +21,8 @@ from utils.ckpt.write import (consolidate, consolidate_into, fresh_tmp, link_cop
 __all__ = ["DCP_INDEX", "MARKER", "STEP_RE", "WEIGHTS_FILE", "Checkpointer", "Part", "Snapshot", "TrainerState",
            "check_complete", "check_files", "checked", "consolidate", "consolidate_into", "find_checkpoint",
            "fresh_tmp", "full_weights", "grace_warning", "latest_complete", "link_copy", "load_model",
-           "load_sharded", "manifest", "prepare_step_folder", "publish_final", "read_marker", "read_part", "read_rng", "read_weights",
-           "rng_name", "rng_state", "rotate", "save_pretrained_weights", "set_rng_state", "sharded_state", "stage", "staged_share", "tensor_bytes", "tensor_leaves", "own_share",
+           "load_sharded", "manifest", "own_share", "prepare_step_folder", "publish_final", "read_marker", "read_part",
+           "read_rng", "read_weights", "rng_name", "rng_state", "rotate", "save_pretrained_weights", "set_rng_state",
+           "sharded_state", "stage", "staged_share", "tensor_bytes", "tensor_leaves",
            "step_dir_name", "step_folders", "swap_into_place", "training_parts", "write_common", "write_marker",
            "write_shards", "write_weights"]

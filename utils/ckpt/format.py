@@ -46,7 +46,8 @@ def manifest(folder: Path, names) -> dict[str, dict]:
 
 
 def write_marker(folder: Path, step: int, world_size: int, files: dict[str, dict]) -> None:
-    atomic_write_json(Path(folder) / MARKER, {"step": step, "world_size": world_size, "files": dict(sorted(files.items()))})
+    marker = {"step": step, "world_size": world_size, "files": dict(sorted(files.items()))}
+    atomic_write_json(Path(folder) / MARKER, marker)
 
 
 def read_marker(folder: Path) -> dict | None:
@@ -78,7 +79,8 @@ def check_complete(folder: Path, verify: bool = False) -> str | None:
     if not (folder / MARKER).is_file():
         return f"{folder} has no {MARKER} marker (an interrupted save)"
     marker = read_marker(folder)
-    if marker is None or not all(isinstance(v, dict) and {"size", "crc32c"} <= v.keys() for v in marker["files"].values()):
+    if marker is None or not all(isinstance(v, dict) and {"size", "crc32c"} <= v.keys()
+                                 for v in marker["files"].values()):
         return f"{folder}/{MARKER} is unreadable (or from an older piconeox format)"
     return check_files(folder, marker["files"], verify)
 

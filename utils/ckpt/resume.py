@@ -77,7 +77,8 @@ def candidates(resume: str | None, run_dir: Path, bucket: Storage | None, creden
     local = ckpt.latest_complete(run_dir, warn)
     if local is not None:
         marker = ckpt.read_marker(local)
-        points.append(ResumePoint(int(marker["step"]), marker, str(local), bucket.url if steps.get(marker["step"]) else None))
+        remote_url = bucket.url if steps.get(marker["step"]) else None
+        points.append(ResumePoint(int(marker["step"]), marker, str(local), remote_url))
     bucket_step = remote.latest_complete_step(steps)
     if bucket_step is not None and not any(p.step == bucket_step for p in points):
         points.append(ResumePoint(bucket_step, remote_marker(bucket, bucket_step),
@@ -132,7 +133,8 @@ def agree(accelerator, resume: str | None, run_dir: Path, bucket: Storage | None
                             "--checkpoint-bucket holds it (several machines need a bucket or a shared filesystem)")
     point = points[usable[0]]
     if usable[0] > 0:
-        log.warning(f"--resume auto: step {points[0].step} is complete only on rank 0's machine (not yet in the bucket); "
+        log.warning(f"--resume auto: step {points[0].step} is complete only on rank 0's machine (not yet in the "
+                    "bucket); "
                     f"resuming from step {point.step}, which every machine can get")
     folder, error = None, None
     if accelerator.is_local_main_process:

@@ -162,5 +162,6 @@ def grace_warning(n_params: int, world_size: int, grace_seconds: float, bucket: 
              "the local disk also gets the current step if its write finishes") if bucket else \
         "the current step survives only if its local write finishes, else the last periodic step folder"
     return (f"--grace-seconds {grace_seconds:g} cannot hold a save of {shard / 1e9:.2f} GB per rank (about "
-            f"{need:.0f} s at {WRITE_BYTES_PER_S / 1e6:.0f} MB/s to disk{f' and {UPLOAD_BYTES_PER_S / 1e6:.0f} MB/s to the bucket' if bucket else ''}): "
+            f"{need:.0f} s at {WRITE_BYTES_PER_S / 1e6:.0f} MB/s to disk"
+            f"{f' and {UPLOAD_BYTES_PER_S / 1e6:.0f} MB/s to the bucket' if bucket else ''}): "
             f"on SIGTERM the run saves what fits; {where}. Save more often (--save-every) to lose less")

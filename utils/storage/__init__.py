@@ -38,5 +38,6 @@ def open_storage(url: str, credentials: str | None = None, *, timeout_s: float =
         return GCSStorage(client, bucket, prefix, timeout_s=timeout_s)
     path = url.removeprefix("file://")
     if not path or "://" in path:
-        raise PiconeoxError(f"unsupported storage location {url!r}: use gs://bucket/prefix, file:///path or a local path")
+        raise PiconeoxError(f"unsupported storage location {url!r}: use gs://bucket/prefix, file:///path or a "
+                            "local path")
     return LocalStorage(path)

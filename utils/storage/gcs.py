@@ -200,7 +200,8 @@ def _load_key(path: Path, source: str) -> tuple[Credentials, str | None]:
             "download a fresh key from the Cloud Console"
         ) from None
     raise PiconeoxError(
-        f"credentials file {path} (from {source}) has an unsupported credentials type; allowed are 'service_account' and 'authorized_user'"
+        f"credentials file {path} (from {source}) has an unsupported credentials type; allowed are "
+        "'service_account' and 'authorized_user'"
     )
 
 
