@@ -200,16 +200,13 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     log = setup_logging(log_dir / "training.log", accelerator.is_main_process)
     metrics = MetricsWriter(log_dir, accelerator.is_main_process, parse_report_to(s.report_to))
     cleanup.callback(metrics.close)  # on every exit path: flush TensorBoard, finish the W&B run
-
     stop = StopRequest(s.grace_seconds)
     uploader = cleanup.enter_context(open_uploader(s, tc.keep_last, name, accelerator))
     # Where to resume (rank 0 decides, before anything heavy is built, so a bad path fails fast).
     resume_from = resume.agree(accelerator, s.resume, run_dir, uploader.store,
                                host_dir(Path(s.output_dir) / ".remote-cache"),  # output_dir may be shared: one each
                                s.credentials, s.grace_seconds, log)
-    train_cfg, tokenizer_sha256 = resume.resumed_config(tc, cfg.model.to_dict(), resume_from, accelerator.num_processes,
-                                                        data_dir)
-    cfg = replace(cfg, train=train_cfg)
+    cfg, tokenizer_sha256 = resume.resumed_config(cfg, resume_from, accelerator.num_processes, data_dir)
     if pretrained:
         pretrained.check_dataset(data_dir, tokenizer_sha256)
         log.info(f"--init-from {pretrained.path}: model shape from its config.json ({pretrained.describe()}), not the "
@@ -230,13 +227,9 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     sharded = accelerator.is_fsdp2  # prepare() places FSDP2 shards: rank 0's full model never goes to its GPU
     if not shapes_only and not sharded:
         model.to(accelerator.device)
-    if auto_batch and cuda and sharded:
-        log.warning("--batch-size auto: FSDP2 cannot probe before sharding; using the preset's micro batch")
-    elif auto_batch:
-        cfg = replace(cfg, train=auto_micro_batch(cfg.train, model, accelerator, shapes_only))
+    if auto_batch:
+        cfg = replace(cfg, train=auto_micro_batch(cfg.train, model, accelerator, shapes_only, log))
         train_loader, val_loader = make_loaders(data_dir, cfg.train, accelerator)
-        log.info(f"--batch-size auto: micro batch {cfg.train.micro_batch_size}"
-                 + ("" if cuda else " (no CUDA: the preset's size; auto needs a GPU to measure)"))
     tc = cfg.train
     log_start(log, name, cfg, train_loader, accelerator, data_dir, n_params)
     optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))

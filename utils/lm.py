@@ -97,15 +97,21 @@ def find_micro_batch(model, seq_len: int, accelerator, start: int = 256) -> int:
     return probe()
 
 
-def auto_micro_batch(tc, model, accelerator, shapes_only: bool):
+def auto_micro_batch(tc, model, accelerator, shapes_only: bool, log):
     """--batch-size auto: `tc` (a TrainConfig) with the largest micro batch that fits on every rank and divides
-    the global batch; unchanged without CUDA (nothing to measure)."""
+    the global batch; unchanged without CUDA (nothing to measure) and under FSDP2 (no probe before sharding)."""
     from dataclasses import replace
 
     world = accelerator.num_processes
     if accelerator.device.type != "cuda":
+        log.info(f"--batch-size auto: micro batch {tc.micro_batch_size} (no CUDA: the preset's size; auto needs a "
+                 "GPU to measure)")
+        return tc
+    if accelerator.is_fsdp2:
+        log.warning("--batch-size auto: FSDP2 cannot probe before sharding; using the preset's micro batch")
         return tc
     probed = 1 << 30 if shapes_only else find_micro_batch(model, tc.seq_len, accelerator)  # shapes only: no probe
     found = torch.tensor(-probed, device=accelerator.device)  # max of negatives = the smallest over ranks
     fits = tc.largest_micro_batch(world, limit=-int(accelerator.reduce(found, "max").item()))
+    log.info(f"--batch-size auto: micro batch {fits}")
     return replace(tc, micro_batch_size=fits).for_world(world, fixed_global_batch=tc.global_batch_tokens)

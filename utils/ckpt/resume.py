@@ -194,12 +194,14 @@ def claim_run_dirs(resume: str | None, run_dir: Path, log_dir: Path, is_main: bo
     rank0_decides(decide, is_main)
 
 
-def resumed_config(train_cfg, model: dict, resume_from: Path | None, world: int, data_dir: Path):
-    """(train settings for this world size, the dataset's tokenizer sha256): a resume refuses another model shape
-    (`model`: this run's model settings) or tokenizer and keeps the checkpoint's tokens per step."""
+def resumed_config(cfg, resume_from: Path | None, world: int, data_dir: Path):
+    """(`cfg`, a configs RunConfig, with its batch for this world size; the dataset's tokenizer sha256): a resume
+    refuses another model shape or tokenizer and keeps the checkpoint's tokens per step."""
+    from dataclasses import replace
+
     from utils.ckpt.load import read_part
 
     saved = read_part(resume_from, "run_config") if resume_from else None
-    tokenizer_sha256 = check_resumable(saved, resume_from, model, data_dir)
+    tokenizer_sha256 = check_resumable(saved, resume_from, cfg.model.to_dict(), data_dir)
     trainer = read_part(resume_from, "trainer") if resume_from else None
-    return batch_for_world(train_cfg, world, saved, trainer), tokenizer_sha256
+    return replace(cfg, train=batch_for_world(cfg.train, world, saved, trainer)), tokenizer_sha256

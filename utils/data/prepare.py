@@ -253,7 +253,7 @@ def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", t
         if tokenizer_from:
             tok, tok_sha256 = _tokenizer_from(data_dir, staging, tokenizer_from, retrain_tokenizer)
         else:
-            # BPE learns its merges from train text only, so val loss is measured on text the tokenizer never
+            # BPE learns its merges from the train split's text only, so val loss is measured on text the tokenizer never
             # saw; char needs every character of both splits (nanoGPT's vocab), byte reads nothing.
             fit = ("train",) if tokenizer == "bpe" else SPLITS
             texts = [] if tokenizer == "byte" else _texts(sources + val_sources, all_documents(), "read for tokenizer", fit)
