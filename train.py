@@ -250,6 +250,9 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     if state.step >= tc.max_steps:
         raise PiconeoxError(f"--max-steps {tc.max_steps}: the resumed run is already at step {state.step}; "
                             "raise --max-steps")
+    metrics.start(state.step, {**run_config, "run": {**run_config["run"], "name": name, "data_dir": str(data_dir),
+                                                     "parameters": n_params, "world_size": accelerator.num_processes,
+                                                     "device": accelerator.device.type}})
     report = TrainReport(metrics, log, total_steps=tc.max_steps, step=state.step,
                          tokens_per_step=tc.global_batch_tokens,
                          world=accelerator.num_processes, flops_per_token=model_flops_per_token(cfg.model, tc.seq_len),
@@ -257,9 +260,6 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
                          is_main=accelerator.is_main_process)
     run = Run(cfg, name, run_dir, log_dir, accelerator, model, optimizer, scheduler, train_loader, val_loader,
               tokenizer, state, checkpointer, uploader, metrics, log, stop, report, saved_step=state.step)
-    metrics.start(state.step, {**run_config, "run": {**run_config["run"], "name": name, "data_dir": str(data_dir),
-                                                     "parameters": n_params, "world_size": accelerator.num_processes,
-                                                     "device": accelerator.device.type}})
     return run
 
 
