@@ -27,15 +27,14 @@ def main(argv=None) -> int:
             raise PiconeoxError(f"--type {args.type!r} is not one of {', '.join(OUT_TYPES)}")
         check_writable_dir(args.out.parent, "--out")
         model, tokenizer = load_checkpoint_model(args.checkpoint)
-        name = Path(args.checkpoint).resolve().parent.name if Path(args.checkpoint).name in ("best", "final") \
-            else Path(args.checkpoint).name
+        ckpt = Path(args.checkpoint).resolve()
+        name = ckpt.parent.name if ckpt.name in ("best", "final") else ckpt.name  # the run's name
         counts = export_gguf(model, tokenizer.backend_tokenizer, args.out, args.type, name=name)
+        print(f"wrote {args.out} ({', '.join(f'{n} {t}' for t, n in counts.items())} tensors)")
+        return 0
     except PiconeoxError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out} ({', '.join(f'{n} {t}' for t, n in counts.items())} tensors)")
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
