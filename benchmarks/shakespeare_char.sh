@@ -6,7 +6,8 @@
 # --presets: our presets to run, comma-separated (default shakespeare-char,shakespeare-char-fast).
 # Data: ../shared/data/tinyshakespeare/input.txt (or $SHAKESPEARE_TEXT: any text, e.g. another character-level
 # corpus; $SAMPLE_PROMPT sets the final sample's prompt, default ROMEO:); the first 90% of the characters train,
-# the last 10% val (prepare_data.py --val-split tail), char tokenizer: nanoGPT's 65 characters plus <|endoftext|>. Model and schedule: the shakespeare-char preset (4 layers x 4 heads x 128 embd, block 64,
+# the last 10% val (prepare_data.py --val-split tail), char tokenizer: nanoGPT's 65 characters plus <|endoftext|>.
+# Model and schedule: the shakespeare-char preset (4 layers x 4 heads x 128 embd, block 64,
 # batch 12, 2000 iters, lr 1e-3 with 100 warmup and cosine to 1e-4, beta2 0.99, no dropout), run with eager attention
 # and medium float32 matmul precision (the preset's; README, Presets). Then shakespeare-char-fast, the time-to-quality
 # recipe (README, Presets), on the same text: each of our runs is timed as a user waits for it (prepare + train.py,
