@@ -19,6 +19,7 @@ from utils.ckpt.format import DCP_INDEX, MARKER, check_complete, manifest, read_
 from utils.ckpt.load import checked, read_weights
 from utils.ckpt.state import Snapshot
 from utils.errors import PiconeoxError
+from utils.portable import make_portable
 
 
 def write_shards(snap: Snapshot, folder: Path, group=None) -> list[str]:
@@ -42,6 +43,7 @@ def write_common(snap: Snapshot, folder: Path) -> list[str]:
     """config.json, the tokenizer and one file per registered part (<name>.json or <name>.pt); returns the names."""
     snap.hf_config.save_pretrained(folder)
     names = ["config.json"] + [Path(p).name for p in snap.tokenizer.save_pretrained(folder)]
+    names += make_portable(folder)  # transformers 4.x, 5.x and the converters read it the same way
     for name, (suffix, state) in snap.common.items():
         if suffix == "json":
             atomic_write_json(folder / f"{name}.json", state)
@@ -124,6 +126,7 @@ def consolidate_into(folder: Path) -> Iterator[Path]:
     tmp.mkdir()
     try:
         save_pretrained_weights(GPTNeoXConfig.from_pretrained(folder), read_weights(folder), tmp)
+        make_portable(tmp, tokenizer_dir=folder)
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -143,6 +146,7 @@ def consolidate(folder: Path, out: Path) -> Path:
         if path.is_file() and (path.name.startswith(("tokenizer", "special_tokens")) or
                                (path.suffix == ".json" and path.name != "config.json")):
             shutil.copy2(path, tmp / path.name)
+    make_portable(tmp)  # also fixes the tokenizer files of a checkpoint written before utils.portable
     marker = read_marker(folder)
     write_marker(tmp, marker["step"], marker.get("world_size", 1),
                  manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
