@@ -94,7 +94,8 @@ def main() -> None:
         subprocess.run([sys.executable, "prepare_data.py", args.text, "--name", "d", "--out-dir", f"{tmp}/data",
                         "--tokenizer", "char", "--val-split", "tail"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
         after = os.times()
-        prep = [time.perf_counter() - start, after.children_user + after.children_system - child.children_user - child.children_system]
+        cpu = after.children_user + after.children_system - child.children_user - child.children_system
+        prep = [time.perf_counter() - start, cpu]
         flags = [f for kv in args.set for f in ("--set", kv)]
         start = now()
         assert train.main(["--config", args.config, "--data", f"{tmp}/data/d", "--output-dir", f"{tmp}/ckpt",
@@ -116,7 +117,8 @@ def main() -> None:
              f"bare loop {bare * 1000:.1f} ms wall, {bare_cpu * 1000:.1f} ms CPU)", loop)]
     rows.append(("other (accelerate, dirs, logging, teardown in main)",
                  [t - sum(v[i] for v in spent.values()) - loop[i] for i, t in enumerate(total)]))
-    print(f"\n{args.config} {' '.join(args.set)}, {torch.get_num_threads()} threads\n\n| phase | wall s | CPU s |\n|---|---|---|")
+    print(f"\n{args.config} {' '.join(args.set)}, {torch.get_num_threads()} threads\n\n"
+          "| phase | wall s | CPU s |\n|---|---|---|")
     for name, (wall, cpu) in rows:
         print(f"| {name} | {wall:.2f} | {cpu:.2f} |")
     wall, cpu = (sum(r[1][i] for r in rows) for i in (0, 1))

@@ -28,7 +28,8 @@ def write_run(run_dir, kind):
     import train
 
     tok = build_tokenizer(kind, TEXTS, 300 if kind == "bpe" else None)
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOT, pad_token=EOT, clean_up_tokenization_spaces=False)
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOT, pad_token=EOT,
+                                     clean_up_tokenization_spaces=False)
     cfg = ModelConfig(hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, max_position_embeddings=32,
                       **SHAPES[kind]).with_vocab(tok.get_vocab_size())
     torch.manual_seed(0)
