@@ -34,7 +34,7 @@ def write_run(run_dir, kind):
                       **SHAPES[kind]).with_vocab(tok.get_vocab_size())
     torch.manual_seed(0)
     model = build_model(cfg).eval()
-    common = {"scheduler": None, "scaler": None, "loader": {}, "trainer": {}, "metrics": {}, "run_config": {}}
+    common = {"loader": ("json", {}), "trainer": ("json", {}), "metrics": ("json", {}), "run_config": ("json", {})}
     snap = dict(step=1, rank=0, world_size=1, rng=ckpt.rng_state(), common=common, hf_config=model.config,
                 tokenizer=hf_tok)
     step = run_dir / ckpt.step_dir_name(1)
