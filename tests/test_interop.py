@@ -25,7 +25,6 @@ def write_run(run_dir, kind):
     """A real step folder, best/ and final/ (train.py's writers) of a random tiny model, and the torch model."""
     from transformers import PreTrainedTokenizerFast
 
-    import train
 
     tok = build_tokenizer(kind, TEXTS, 300 if kind == "bpe" else None)
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOT, pad_token=EOT,
@@ -41,7 +40,7 @@ def write_run(run_dir, kind):
     sharded = ckpt.Snapshot(state={"model": dict(model.state_dict()), "optim": {}}, weights=None, **snap)
     ckpt.write_marker(step, 1, 1, ckpt.manifest(step, ckpt.write_shards(sharded, step)))
     ckpt.write_weights(ckpt.Snapshot(state=None, weights=dict(model.state_dict()), **snap), run_dir / "best")
-    train.publish_final(step, run_dir / "final", True, logging.getLogger("test"))
+    ckpt.publish_final(step, run_dir / "final", True, logging.getLogger("test"))
     return model
 
 
