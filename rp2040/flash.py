@@ -8,7 +8,6 @@ with --prompt, /prompt.txt (main.py then generates from it instead of asking at 
 """
 from __future__ import annotations
 
-import argparse
 import shlex
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from rp2040.bundle import DEVICE_MODEL_DIR, DEVICE_PACKAGE, check_model, compile_runtime, model_files, runtime_files
 from utils.atomic import atomic_write
-from utils.errors import PiconeoxError
+from utils.errors import CliParser, PiconeoxError
 
 RP2040_USB_VID = 0x2E8A  # Raspberry Pi: the Pico's MicroPython USB serial
 FREE_FLASH_CMD = "import os; s = os.statvfs('/'); print(s[0] * s[3])"
@@ -112,7 +111,7 @@ def board_files(model_dir: Path, mpy: bool, build_dir: Path, prompt: str | None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rp2040.flash", description=__doc__.split("\n\n")[0])
+    ap = CliParser(prog="python -m rp2040.flash", description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir", type=Path, help="an exported model, e.g. models/<name>")
     ap.add_argument("--port", default="auto", help="serial port, or auto (first Raspberry Pi USB device)")
     ap.add_argument("--mpy", action="store_true", help="precompile the runtime with mpy-cross -march=armv6m")
