@@ -74,7 +74,7 @@ class Emulation:
 def tools_missing() -> str | None:
     """Why the emulator cannot run here (no node, npm packages or littlefs-python), or None."""
     if shutil.which("node") is None:
-        return "node is not installed (needed to run the rp2040js emulator)"
+        return "node is not installed (needed to run the rp2040js emulator): install Node.js 18+ (https://nodejs.org/)"
     if not (HERE / "node_modules" / "rp2040js").is_dir():
         return "rp2040js not installed: run ./setup.sh --dev (npm install in rp2040/)"
     try:
@@ -112,8 +112,9 @@ def find_firmware(firmware: Path | None, bootrom: Path | None) -> tuple[Path, Pa
         candidates = [Path(firmware).parent / BOOTROM, SHARED_PICO / BOOTROM]
         bootrom = next((c for c in candidates if c.is_file()), None)
         if bootrom is None:
-            raise PiconeoxError(f"no RP2040 boot ROM ({BOOTROM}) beside the firmware or in {SHARED_PICO}: take "
-                                "the B1 build of raspberrypi/pico-bootrom (the rp2040js demo ships it), pass --bootrom")
+            raise PiconeoxError(f"no RP2040 boot ROM ({BOOTROM}) beside the firmware or in {SHARED_PICO}: take the B1 "
+                                "build of https://github.com/raspberrypi/pico-bootrom (the rp2040js demo ships it), "
+                                "pass --bootrom")
     elif not Path(bootrom).is_file() or Path(bootrom).stat().st_size != 16384:
         raise PiconeoxError(f"--bootrom {bootrom} is not a 16,384-byte RP2040 boot ROM image")
     return Path(firmware), Path(bootrom)
@@ -160,9 +161,9 @@ def emulate(model_dir: Path, prompt: str = DEFAULT_PROMPT, tokens: int = DEFAULT
     files = model_files(Path(model_dir))
     check_model(files["/model/model.bin"])
     check_prompt(model_config(model_dir), prompt)  # on the host: the board would fail with a MemoryError
+    firmware, bootrom = find_firmware(firmware, bootrom)
     if tools_missing():
         raise PiconeoxError(tools_missing())
-    firmware, bootrom = find_firmware(firmware, bootrom)
     with tempfile.TemporaryDirectory() as tmp:
         image = Path(tmp) / "fs.img"
         image.write_bytes(filesystem_image(board_files(Path(model_dir), True, Path(tmp), None)))

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from utils.errors import CliParser, PiconeoxError
+from utils.terminal import printable
 from utils.tokenizers import tokenizer_kind
 
 
@@ -138,8 +139,8 @@ def main(argv=None) -> int:
             if unknown and tokenizer_kind(tokenizer.backend_tokenizer) == "char":  # byte and BPE encode any text
                 raise PiconeoxError(f"--prompt {args.prompt!r} has characters this checkpoint's tokenizer does not "
                                     f"know ({', '.join(map(repr, unknown[:5]))}): they would be dropped silently")
-            print(sample_text(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature,
-                              args.top_k or None, args.seed))
+            print(printable(sample_text(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature,
+                                        args.top_k or None, args.seed)))
     except PiconeoxError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
