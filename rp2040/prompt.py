@@ -2,9 +2,9 @@
 
 - A prompt too long for the Pico's heap is refused on the host, before any board boots: the board holds
   the text (typed into the REPL: the paste buffer and the compiled string) and its token ids while it
-  encodes, about PROMPT_BYTES_PER_CHAR bytes per character at the peak, out of the heap the exporter
-  predicted free after loading (config.json "ram"). Measured on the emulated board (rp2040-speed int8,
-  about 168 KB free): 8,000 characters generate, 30,000 fail.
+  encodes, budgeted at PROMPT_BYTES_PER_CHAR bytes per character of the heap the exporter predicted
+  free after loading (config.json "ram"). Measured with rp2040.emulate (rp2040-speed int8, 171,976 bytes
+  predicted free, limit 8,598): 8,000 characters generate; 14,000 and 30,000 never finish.
 - A generation that ends before the tokens asked for because the context is full says so.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from utils.errors import PiconeoxError
 from utils.textfile import read_json
 
-PROMPT_BYTES_PER_CHAR = 16
+PROMPT_BYTES_PER_CHAR = 20
 
 
 def model_config(model_dir: Path) -> dict:
