@@ -104,7 +104,7 @@ def find_firmware(firmware: Path | None, bootrom: Path | None) -> tuple[Path, Pa
                                 "from https://micropython.org/download/RPI_PICO/ and pass --firmware PATH")
         firmware = found[-1]
     elif not Path(firmware).is_file():
-        raise PiconeoxError(f"--firmware {firmware} does not exist; give a RPI_PICO MicroPython .uf2 "
+        raise PiconeoxError(f"--firmware {firmware} {'is a folder' if Path(firmware).is_dir() else 'does not exist'}; give a RPI_PICO MicroPython .uf2 "
                             "(https://micropython.org/download/RPI_PICO/)")
     elif Path(firmware).suffix != ".bin":  # a raw flash image (.bin) has no header to check: the boot deadline
         check_uf2(Path(firmware))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rp2040.bundle import DEVICE_MODEL_DIR, DEVICE_PACKAGE, check_model, compile_runtime, model_files, runtime_files
+from rp2040.prompt import check_prompt, model_config
 from utils.atomic import atomic_write
 from utils.errors import CliParser, PiconeoxError
 
@@ -101,6 +102,9 @@ def board_files(model_dir: Path, mpy: bool, build_dir: Path, prompt: str | None)
     """Device path -> host path of everything to copy."""
     files = model_files(model_dir)  # first: refuses a model dir without its files before any work
     check_model(files[f"{DEVICE_MODEL_DIR}/model.bin"])  # truncated, foreign or corrupt: refused here, not on the board
+    config = model_config(model_dir)  # a config.json the board could not parse: named here
+    if prompt is not None:
+        check_prompt(config, prompt)
     runtime = runtime_files()
     files = {**(compile_runtime(runtime, build_dir, march="armv6m") if mpy else runtime), **files}
     if prompt is not None:

@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
             raise PiconeoxError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
         if args.temperature is not None and not (math.isfinite(args.temperature) and args.temperature >= 0):
             raise PiconeoxError(f"--temperature {args.temperature} must be a finite number >= 0 (0 = greedy)")
+        if args.seed is not None and not 0 <= args.seed < 2**32:
+            raise PiconeoxError(f"--seed {args.seed} must be an integer from 0 to 2**32 - 1")
         if args.top_k is not None and args.top_k < 0:
             raise PiconeoxError(f"--top-k {args.top_k} must be >= 0 (0 = all tokens)")
         out, _ = run_session(str(args.model_dir), args.prompt, args.max_new_tokens, args.temperature, args.top_k,

@@ -118,7 +118,9 @@ def consolidate(folder: Path, out: Path) -> Path:
 
 
 def main(argv=None) -> int:
-    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(
+        prog="python -m utils.consolidate", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", type=Path, help="a complete checkpoint folder, e.g. checkpoints/<run>/step-00000100")
     p.add_argument("--out", type=Path, required=True, help="the from_pretrained folder to write (new, empty, or "
                    "an earlier output of this command)")

@@ -97,7 +97,9 @@ def text_perplexity(lm, text: str) -> dict[str, float]:
 
 
 def parse_args(argv):
-    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(
+        prog="python -m utils.evaluate", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="checkpoints/<run>/best, final or step-XXXXXXXX (a run directory: its best/)")
     p.add_argument("--tasks", help="comma-separated lm-eval tasks, e.g. hellaswag,lambada_openai,arc_easy,piqa,winogrande")
     p.add_argument("--include-path", metavar="DIR", help="folder of extra lm-eval task YAML files")
