@@ -95,7 +95,7 @@ def test_bad_input_is_one_line(tmp_path, run_dir, capsys):
         ([str(tmp_path / "nope"), "--eval-perplexity", __file__], "no such checkpoint folder"),
         ([str(run_dir), "--eval-perplexity", str(tmp_path / "none.txt")], "--eval-perplexity"),
         ([str(run_dir), "--tasks", "tiny_hellaswag", "--include-path", str(tmp_path / "none")], "no such folder of task YAML"),
-        ([str(run_dir), "--tasks", "tiny_hellaswag", "--batch-size", "0"], "--batch-size must be a positive integer or auto"),
+        ([str(run_dir), "--tasks", "tiny_hellaswag", "--batch-size", "0"], "--batch-size '0': must be a positive integer or auto"),
     ]:
         assert evaluate_main(argv) == 2
         err = capsys.readouterr().err.strip()
