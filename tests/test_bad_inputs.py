@@ -217,6 +217,8 @@ def test_round3_classes_are_one_line_in_every_cli(tmp_path, tmp_path_factory, ti
     for (module, argv, message), (code, err) in zip(cases, results):
         try:
             assert_one_error_line(code, err, message, f"{module} {' '.join(argv)[:200]}")
+            if "--bogus" in argv:  # item 14: the one line only, not argparse's usage block above it
+                assert len(err.strip().splitlines()) == 1, f"{module} --bogus:\n{err}"
         except AssertionError as e:
             failed.append(str(e))
     assert not failed, "\n\n".join(failed)
