@@ -13,14 +13,16 @@ import sys
 from pathlib import Path
 
 from utils import ckpt
-from utils.errors import PiconeoxError, cli
+from utils.errors import CliParser, PiconeoxError, cli
 
 
 @cli
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(prog="python -m utils.consolidate", description=__doc__,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", type=Path, help="a complete checkpoint folder, e.g. checkpoints/<run>/step-00000100")
-    p.add_argument("--out", type=Path, required=True, help="the from_pretrained folder to write")
+    p.add_argument("--out", type=Path, required=True, help="the from_pretrained folder to write (new, empty, or "
+                   "an earlier output of this command)")
     args = p.parse_args(argv)
     if not args.checkpoint.is_dir():
         raise PiconeoxError(f"{args.checkpoint}: no such checkpoint folder")

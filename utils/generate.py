@@ -15,6 +15,7 @@ from utils.data.loader import BlockLoader
 from utils.data.tokenizers import TOKENIZER_FILE, tokenizer_kind
 from utils.errors import CliParser, PiconeoxError, cli
 from utils.lm import evaluate, sample_text
+from utils.terminal import printable
 
 
 def load_checkpoint_model(folder: str):
@@ -71,8 +72,8 @@ def main(argv=None) -> int:
         if unknown and tokenizer_kind(tokenizer.backend_tokenizer) == "char":  # byte and BPE encode any text
             raise PiconeoxError(f"--prompt {args.prompt!r} has characters this checkpoint's tokenizer does not "
                                 f"know ({', '.join(map(repr, unknown[:5]))}): they would be dropped silently")
-        print(sample_text(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature,
-                          args.top_k or None, args.seed))
+        print(printable(sample_text(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature,
+                                    args.top_k or None, args.seed)))
     return 0
 
 

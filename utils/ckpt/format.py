@@ -125,6 +125,20 @@ def rotate(run_dir: Path, keep_last: int, also_complete: set[int] = frozenset())
 
 
 
+def not_a_checkpoint(path: Path) -> str:
+    """Why the folder `path` is no checkpoint: a folder of runs, a run without best/ or final/, or neither."""
+    subs = sorted(p.name for p in path.iterdir() if p.is_dir())
+    runs = [s for s in subs if any((path / s / c).is_dir() for c in ("best", "final"))]
+    steps = [s for s in subs if STEP_RE.match(s)]
+    give = "give checkpoints/<run>/best, final or step-XXXXXXXX"
+    if runs:
+        more = ", ..." if len(runs) > 3 else ""
+        return f"{path} is a folder of runs ({', '.join(runs[:3])}{more}), not a checkpoint: {give}"
+    if steps:
+        return f"{path} is a run folder without best/ or final/: give one of its steps, e.g. {path / steps[-1]}"
+    return f"{path} holds no checkpoint: {give}"
+
+
 def find_checkpoint(path: str | Path, *, resume: bool = False, flag: str = "", warn=print) -> Path:
     """The checkpoint folder the user meant, checked; every problem is one PiconeoxError line.
 
@@ -137,7 +151,8 @@ def find_checkpoint(path: str | Path, *, resume: bool = False, flag: str = "", w
     path = Path(path)
     if not path.is_dir():
         what = "checkpoint or run directory" if resume else "checkpoint folder"
-        raise PiconeoxError(f"{flag}{path}: no such {what} (give checkpoints/<run>, or its best, final or "
+        problem = f"is a file, not a {what}" if path.exists() else f"no such {what}"
+        raise PiconeoxError(f"{flag}{path}: {problem} (give checkpoints/<run>, or its best, final or "
                             "step-XXXXXXXX folder)")
     is_checkpoint = ((path / MARKER).exists() or STEP_RE.match(path.name) or path.name in ("best", "final")
                      or (path / "config.json").is_file())
@@ -146,8 +161,7 @@ def find_checkpoint(path: str | Path, *, resume: bool = False, flag: str = "", w
             (path / sub for sub in ("best", "final") if (path / sub / "config.json").is_file()), None)
         if found is None:
             raise PiconeoxError(f"{flag}{path}: no complete step-XXXXXXXX checkpoint in this run directory" if resume
-                                else f"{flag}{path} holds no model: expected config.json + {WEIGHTS_FILE}, or a run "
-                                     "dir with best/ or final/")
+                                else f"{flag}{not_a_checkpoint(path)}")
         path = found
     if (path / MARKER).exists() or STEP_RE.match(path.name) or resume:
         reason = check_complete(path, verify=resume)

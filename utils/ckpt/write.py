@@ -15,10 +15,12 @@ from typing import Iterator
 import torch
 
 from utils.atomic import atomic_write, atomic_write_json
-from utils.ckpt.format import DCP_INDEX, MARKER, check_complete, manifest, read_marker, rng_name, write_marker
+from utils.ckpt.format import (DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, manifest, read_marker, rng_name,
+                               write_marker)
 from utils.ckpt.load import checked, read_weights
 from utils.ckpt.state import Snapshot
 from utils.errors import PiconeoxError
+from utils.outputs import atomic_dir, check_output_dir
 from utils.portable import make_portable
 
 
@@ -132,25 +134,31 @@ def consolidate_into(folder: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def is_consolidated(folder: Path) -> bool:
+    """True for a from_pretrained folder with its marker, as consolidate() writes (what --out may replace)."""
+    return (folder / MARKER).is_file() and (folder / WEIGHTS_FILE).is_file() and \
+        not any(p.is_dir() for p in folder.iterdir())
+
+
 def consolidate(folder: Path, out: Path) -> Path:
     """Write `folder`'s weights as a from_pretrained folder `out` (atomically, marker last)."""
     folder, out = Path(folder), Path(out)
-    checked(folder)
     if out.resolve() == folder.resolve():
         raise PiconeoxError(f"--out {out}: must differ from the checkpoint folder")
-    tmp = fresh_tmp(out)
-    with consolidate_into(folder) as weights:
+    check_output_dir(out, "--out", is_consolidated, "a consolidated checkpoint")
+    checked(folder)
+    with atomic_dir(out) as tmp, consolidate_into(folder) as weights:
         for path in weights.iterdir():
             shutil.move(path, tmp / path.name)
-    for path in folder.iterdir():  # the tokenizer and the small json states travel along
-        if path.is_file() and (path.name.startswith(("tokenizer", "special_tokens")) or
-                               (path.suffix == ".json" and path.name != "config.json")):
-            shutil.copy2(path, tmp / path.name)
-    make_portable(tmp)  # also fixes the tokenizer files of a checkpoint written before utils.portable
-    marker = read_marker(folder)
-    write_marker(tmp, marker["step"], marker.get("world_size", 1),
-                 manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
-    return swap_into_place(tmp, out)
+        for path in folder.iterdir():  # the tokenizer and the small json states travel along
+            if path.is_file() and (path.name.startswith(("tokenizer", "special_tokens")) or
+                                   (path.suffix == ".json" and path.name != "config.json")):
+                shutil.copy2(path, tmp / path.name)
+        make_portable(tmp)  # also fixes the tokenizer files of a checkpoint written before utils.portable
+        marker = read_marker(folder)
+        write_marker(tmp, marker["step"], marker.get("world_size", 1),
+                     manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
+    return out
 
 
 def publish_final(last: Path, final: Path, consolidate_weights: bool, log) -> None:
