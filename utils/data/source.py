@@ -25,19 +25,21 @@ def check_data_arg(train_cfg) -> Path | None:
         return None
     out = Path(data.removeprefix("file://"))
     if out.is_file():  # a text file: it needs preparing first
-        raise PiconeoxError(f"--data {data} is a file; prepare it first with `python prepare_data.py {data} --name {out.stem} "
-                            f"--tokenizer {train_cfg.tokenizer}`, then pass --data data/{out.stem}")
+        raise PiconeoxError(f"--data {data} is a file; prepare it first with `python prepare_data.py {data} "
+                            f"--name {out.stem} --tokenizer {train_cfg.tokenizer}`, then pass --data data/{out.stem}")
     if not out.is_dir():
         raise PiconeoxError(f"--data {data}: no such directory; prepare it with `python prepare_data.py TEXT_FILES "
-                            f"--out-dir {out.parent} --name {out.name} --tokenizer {train_cfg.tokenizer}`, or use --data demo")
+                            f"--out-dir {out.parent} --name {out.name} --tokenizer {train_cfg.tokenizer}`, "
+                            "or use --data demo")
     if train_cfg.dataset_percent != 100:
-        raise PiconeoxError(f"--dataset-percent {train_cfg.dataset_percent:g} applies when the trainer prepares `demo`; "
-                            f"for {data} run prepare_data.py --dataset-percent instead")
+        raise PiconeoxError(f"--dataset-percent {train_cfg.dataset_percent:g} applies when the trainer prepares "
+                            f"`demo`; for {data} run prepare_data.py --dataset-percent instead")
     return out
 
 
 def data_name(train_cfg) -> str:
-    """The dataset's folder name, known before it is prepared or synced: demo-<tokenizer>..., else the last path part."""
+    """The dataset's folder name, known before it is prepared or synced: demo-<tokenizer>..., else the last path
+    part."""
     if train_cfg.data == "demo":
         vocab = f"{train_cfg.tokenizer_vocab}" if train_cfg.tokenizer_vocab else ""
         pct = "" if train_cfg.dataset_percent == 100 else f"-p{train_cfg.dataset_percent:g}"
@@ -60,7 +62,8 @@ def ensure_local(source_url: str, cache_root: Path, credentials: str | None = No
     dest = Path(host_dir(cache_root), bucket, *prefix.split("/")) if prefix else Path(host_dir(cache_root), bucket)
     summary = download_tree(open_storage(source_url, credentials), dest)
     if summary.failed:
-        raise PiconeoxError(f"{summary.failed} file(s) of {source_url} failed to sync into {dest}; first: {summary.errors[0]}")
+        raise PiconeoxError(f"{summary.failed} file(s) of {source_url} failed to sync into {dest}; "
+                            f"first: {summary.errors[0]}")
     return dest
 
 
