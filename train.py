@@ -408,7 +408,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from configs.model import count_parameters
     from configs.presets import RunConfig
     from utils import checkpoint as ckpt
-    from utils.distributed import describe, group_timeout, make_accelerator, shorten_timeout
+    from utils.distributed import compile_layers, describe, group_timeout, make_accelerator, shorten_timeout
     from utils.loader import BlockLoader
     from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
@@ -524,7 +524,9 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
     scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
     model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
-    if tc.compile == "on" or (tc.compile == "auto" and cuda):
+    if (tc.compile == "on" or (tc.compile == "auto" and cuda)) and describe(accelerator) == "DDP":
+        compile_layers(accelerator.unwrap_model(model))  # one graph per layer, not one per DDP gradient bucket
+    elif tc.compile == "on" or (tc.compile == "auto" and cuda):
         model = torch.compile(model)  # after prepare(): saved keys never carry `_orig_mod.`
 
     state = TrainerState()
@@ -665,7 +667,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
             log.info(f"step {state.step}: train loss {loss:.4f}, val loss {val:.4f}, perplexity {math.exp(min(val, 50)):.2f}, "
                      f"{avg_tok_s:,.0f} tok/s ({avg_tok_s / world:,.0f} per device), MFU {f'{util:.1%}' if util else 'n/a'}, GPU {gpu_text}"
                      + (" (best)" if improved else f" ({state.evals_without_improvement} eval(s) without improvement)"))
-            if improved:
+            if improved and tc.best_and_final:
                 save(run_dir / "best", weights_only=True)
             if tc.patience and state.evals_without_improvement >= tc.patience:
                 stop_reason = f"early stopping: no val improvement in {tc.patience} evaluations"
@@ -692,14 +694,16 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     uploader.close(timeout=stop.remaining())  # every rank's saver; no limit unless stopping on a signal
     check_uploads()
     if is_main:
-        publish_final(last, run_dir / "final", consolidate=not preempted, log=log)
+        if tc.best_and_final:
+            publish_final(last, run_dir / "final", consolidate=not preempted, log=log)
         metrics.save_history(log_dir / "history.json")
         metrics.plot(log_dir / "loss.png")
         log.info(f"stopped at step {state.step}: {stop_reason}; best val loss {state.best_val_loss:.4f}"
                  + (f"; peak GPU memory {torch.cuda.max_memory_allocated() / 1e9:.1f} GB" if cuda else ""))
         log.info(f"checkpoints in {run_dir}, logs in {log_dir} ({shown_path(Path(sys.executable).parent / 'tensorboard')} "
                  f"--logdir {args.log_dir})")
-        log.info(next_commands(cfg.preset, run_dir, stopped=stop.stopping))
+        log.info(next_commands(cfg.preset, run_dir, stopped=stop.stopping,
+                               weights=run_dir / "best" if tc.best_and_final else last))
         if sample is not None:
             metrics.text(state.step, "sample", sample)
         metrics.close()
@@ -728,13 +732,14 @@ def shown_path(path: Path) -> str:
     return rel if not rel.startswith("..") else str(path)
 
 
-def next_commands(preset: str, run_dir: Path, stopped: bool) -> str:
-    """What a newcomer runs after training: continue, sample, evaluate, and for Pico presets export."""
+def next_commands(preset: str, run_dir: Path, stopped: bool, weights: Path) -> str:
+    """What a newcomer runs after training: continue, sample `weights` (best/, or the last step without it), and for
+    Pico presets export."""
     py = shown_path(Path(sys.executable))
     lines = ["next:"]
     if stopped:
         lines.append("  continue this run: the same command plus --resume auto")
-    lines.append(f"  {py} -m utils.generate {run_dir}/best --prompt \"Once upon a time\" --max-new-tokens 200")
+    lines.append(f"  {py} -m utils.generate {weights} --prompt \"Once upon a time\" --max-new-tokens 200")
     if preset.startswith(("rp2040", "pico")):
         lines.append(f"  {py} -m rp2040.export {run_dir} --out models/{run_dir.name} --dtype int8   # then rp2040.run / rp2040.flash")
     return "\n".join(lines)

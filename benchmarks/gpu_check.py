@@ -134,12 +134,14 @@ def run_train(out: Path, name: str, cpu: bool, extra: list[str], fsdp: bool = Fa
                                                           str(ROOT / "configs/accelerate/fsdp_production.yaml")]
     cmd = [str(ROOT / "start_training.sh"), *preset, "--set", "train.grad_accum_steps=1",
            "--set", "train.global_batch_tokens=0", "--log-every", "1", "--warmup-steps", "2", "--keep-last", "1",
+           "--set", "train.best_and_final=false",  # one checkpoint on disk per run (17 GB at 1.2B), nothing else
            "--report-to", "none", "--output-dir", str(out / "ckpt"), "--log-dir", str(out / "logs"),
            "--run-name", name, *extra]
     if "--resume" not in extra:  # a stage run again in the same DIR starts its runs afresh
         for folder in (out / "ckpt" / name, out / "logs" / name):
             shutil.rmtree(folder, ignore_errors=True)
-    env = {**os.environ, "TORCH_LOGS": "recompiles,graph_breaks", "PICONEOX_CPU_FSDP": "1" if fsdp else "0"}
+    env = {**os.environ, "TORCH_LOGS": "recompiles,graph_breaks", "PICONEOX_CPU_FSDP": "1" if fsdp else "0",
+           **({"OMP_NUM_THREADS": "1"} if cpu else {})}  # a tiny model gains nothing from threads; they spin on a busy box
     start = time.monotonic()
     with open(out / f"{name}.out", "w") as log:
         proc = subprocess.run(cmd, cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=480)
@@ -192,16 +194,19 @@ def blocked_seconds(log_dir: Path) -> float | None:
 
 def stage_save(out: Path, cpu: bool, steps: int) -> None:
     """One save mid-run (keep_last 1): blocking seconds, write and crc32c GB/s, step time while writing, staged GB;
-    the resumed loss curve against a second straight run (the noise floor, not zero: GPU kernels vary)."""
+    the resumed loss curve against a second straight run (the noise floor, not zero: GPU kernels vary): the train
+    stage's base run when this DIR has one of the same length, else a run of its own."""
     from utils import checkpoint as ckpt
     from utils.crc import crc32c_file
 
     every = steps // 2
     common = ["--max-steps", str(steps), "--eval-every", str(10 * steps)]
     _, _, a = run_train(out, "save-a", cpu, [*common, "--save-every", str(every)])
-    _, _, b = run_train(out, "save-b", cpu, [*common, "--save-every", str(10 * steps)])
+    straight = history(out / "logs" / "train-base")  # the train stage's base run has exactly these settings
+    if max(straight, default=0) != steps:  # no train stage in this DIR (or another --steps): a run of its own
+        straight = history(run_train(out, "save-b", cpu, [*common, "--save-every", str(10 * steps)])[2])
+        shutil.rmtree(out / "ckpt" / "save-b", ignore_errors=True)
     folder = out / "ckpt" / "save-a" / ckpt.step_dir_name(every)
-    shutil.rmtree(out / "ckpt" / "save-b", ignore_errors=True)
     rows, text, blocking = history(a), (a / "training.log").read_text(), blocked_seconds(a)  # before the resume appends
     _, _, r = run_train(out, "save-a", cpu, [*common, "--save-every", str(10 * steps), "--resume", str(folder)])
     write = re.search(rf"saved checkpoint \S+{ckpt.step_dir_name(every)} \(([\d.]+) s\)", text)
@@ -219,7 +224,7 @@ def stage_save(out: Path, cpu: bool, steps: int) -> None:
            crc32c_gb_per_s=staged / GB / crc_s if crc_s > 0 else None,
            step_ratio_during_write=statistics.median(busy) / statistics.median(quiet) if busy and quiet else None,
            staged_gb=staged / GB, checkpoint_gb=size / GB,
-           resume_max_dloss=max_dloss(history(r), history(b), every), noise_floor_max_dloss=max_dloss(rows, history(b), 0))
+           resume_max_dloss=max_dloss(history(r), straight, every), noise_floor_max_dloss=max_dloss(rows, straight, 0))
     shutil.rmtree(out / "ckpt", ignore_errors=True)
 
 
