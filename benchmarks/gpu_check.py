@@ -201,7 +201,9 @@ def stage_save(out: Path, cpu: bool, steps: int) -> None:
 
     every = steps // 2
     common = ["--max-steps", str(steps), "--eval-every", str(10 * steps)]
-    _, _, a = run_train(out, "save-a", cpu, [*common, "--save-every", str(every)])
+    # keep_last 2: the end-of-run save would rotate out the mid-run checkpoint that the resume starts from (34 GB
+    # at 1.2B, the most the check ever holds on disk)
+    _, _, a = run_train(out, "save-a", cpu, [*common, "--save-every", str(every), "--keep-last", "2"])
     straight = history(out / "logs" / "train-base")  # the train stage's base run has exactly these settings
     if max(straight, default=0) != steps:  # no train stage in this DIR (or another --steps): a run of its own
         straight = history(run_train(out, "save-b", cpu, [*common, "--save-every", str(10 * steps)])[2])
@@ -234,7 +236,7 @@ def stage_fsdp(out: Path, cpu: bool, steps: int) -> None:
 
     every = steps // 2
     common = ["--max-steps", str(steps), "--eval-every", str(10 * steps)]
-    ok, _, a = run_train(out, "fsdp", cpu, [*common, "--save-every", str(every)], fsdp=True)
+    ok, _, a = run_train(out, "fsdp", cpu, [*common, "--save-every", str(every), "--keep-last", "2"], fsdp=True)
     folder = out / "ckpt" / "fsdp" / ckpt.step_dir_name(every)
     size = sum(p.stat().st_size for p in folder.iterdir()) / GB if folder.is_dir() else None
     ok_r, _, r = run_train(out, "fsdp-resumed", cpu, [*common, "--save-every", str(10 * steps), "--resume",
