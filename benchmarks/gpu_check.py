@@ -121,7 +121,7 @@ def stage_kernels(out: Path, cpu: bool) -> None:
 def run_train(out: Path, name: str, cpu: bool, extra: list[str], fsdp: bool = False) -> tuple[bool, float, Path]:
     """One run of the check's preset via the launcher; returns (ok, wall seconds, its log dir)."""
     if cpu:
-        preset = ["--config", "test", "--gpus", "0", "--data", "demo", *(["--procs", "2"] if fsdp else []), "--",
+        preset = ["--config", "test", "--gpus", "0", "--data", "demo", "--",
                   "--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set", "model.num_heads=4",
                   "--set", "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4",
                   "--set", "train.tokenizer=byte", "--set", "train.tokenizer_vocab=null", "--compile", "off"]
@@ -210,17 +210,18 @@ def stage_save(out: Path, cpu: bool, steps: int) -> None:
         shutil.rmtree(out / "ckpt" / "save-b", ignore_errors=True)
     folder = out / "ckpt" / "save-a" / ckpt.step_dir_name(every)
     rows, text, blocking = history(a), (a / "training.log").read_text(), blocked_seconds(a)  # before the resume appends
-    _, _, r = run_train(out, "save-a", cpu, [*common, "--save-every", str(10 * steps), "--resume", str(folder)])
-    write = re.search(rf"saved checkpoint \S+{ckpt.step_dir_name(every)} \(([\d.]+) s\)", text)
     shards = [p for p in folder.glob("*.distcp")] if folder.is_dir() else []
     size = sum(p.stat().st_size for p in folder.iterdir()) if folder.is_dir() else 0
+    staged = sum(p.stat().st_size for p in shards)
     start = time.monotonic()
     for p in shards:
         crc32c_file(p)
     crc_s = time.monotonic() - start
+    # the resume's own end-of-run save (keep_last 1) rotates `folder` out: measured above
+    _, _, r = run_train(out, "save-a", cpu, [*common, "--save-every", str(10 * steps), "--resume", str(folder)])
+    write = re.search(rf"saved checkpoint \S+{ckpt.step_dir_name(every)} \(([\d.]+) s\)", text)
     quiet = [rows[s]["train/step_time_s"] for s in rows if s > 2 and s not in (every + 1, every + 2)]
     busy = [rows[s]["train/step_time_s"] for s in (every + 1, every + 2) if s in rows]
-    staged = sum(p.stat().st_size for p in shards)
     record(out, "save", blocking_s=blocking, write_s=float(write.group(1)) if write else None,
            write_gb_per_s=size / GB / float(write.group(1)) if write and float(write.group(1)) > 0 else None,
            crc32c_gb_per_s=staged / GB / crc_s if crc_s > 0 else None,
@@ -231,7 +232,8 @@ def stage_save(out: Path, cpu: bool, steps: int) -> None:
 
 
 def stage_fsdp(out: Path, cpu: bool, steps: int) -> None:
-    """FSDP2 with configs/accelerate/fsdp_production.yaml (1 GPU; 2 gloo ranks in CPU mode): save and resume."""
+    """FSDP2 with configs/accelerate/fsdp_production.yaml on 1 GPU (CPU mode: 1 process, a gloo group of one; 2 ranks
+    are tests/test_distributed.py's): save and resume."""
     from utils import checkpoint as ckpt
 
     every = steps // 2
@@ -254,10 +256,10 @@ def main(argv=None) -> int:
     p.add_argument("stage", choices=[*STAGES, "all"])
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--cpu-smoke", action="store_true")
-    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20 on a GPU, 4 on CPU)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20 on a GPU, 6 on CPU)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    steps = args.steps or (4 if args.cpu_smoke else 20)
+    steps = args.steps or (6 if args.cpu_smoke else 20)  # 6: quiet steps on both sides of the mid-run save
     for name in STAGES if args.stage == "all" else [args.stage]:
         fn = STAGES[name]
         fn(args.out, args.cpu_smoke) if name in ("env", "kernels") else fn(args.out, args.cpu_smoke, steps)
