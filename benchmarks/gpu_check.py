@@ -85,7 +85,8 @@ def stage_kernels(out: Path, cpu: bool) -> None:
     import torch.nn.functional as F
 
     cuda = torch.cuda.is_available() and not cpu
-    dev, dtype, sync = ("cuda", torch.bfloat16, torch.cuda.synchronize) if cuda else ("cpu", torch.float32, lambda: None)
+    dev, dtype, sync = (("cuda", torch.bfloat16, torch.cuda.synchronize) if cuda
+                        else ("cpu", torch.float32, lambda: None))
     tokens, h, ffn, vocab = (4 * 2048, 2048, 8192, 50304) if cuda else (256, 128, 512, 256)
     for m, n, k in ((tokens, 3 * h, h), (tokens, ffn, h), (tokens, h, ffn), (tokens, vocab, h)):
         a, b = torch.randn(m, k, device=dev, dtype=dtype), torch.randn(k, n, device=dev, dtype=dtype)
@@ -141,7 +142,7 @@ def run_train(out: Path, name: str, cpu: bool, extra: list[str], fsdp: bool = Fa
         for folder in (out / "ckpt" / name, out / "logs" / name):
             shutil.rmtree(folder, ignore_errors=True)
     env = {**os.environ, "TORCH_LOGS": "recompiles,graph_breaks", "PICONEOX_CPU_FSDP": "1" if fsdp else "0",
-           **({"OMP_NUM_THREADS": "1"} if cpu else {})}  # a tiny model gains nothing from threads; they spin on a busy box
+           **({"OMP_NUM_THREADS": "1"} if cpu else {})}  # a tiny model gains nothing from threads (they spin)
     start = time.monotonic()
     with open(out / f"{name}.out", "w") as log:
         proc = subprocess.run(cmd, cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=480)
@@ -196,7 +197,7 @@ def stage_save(out: Path, cpu: bool, steps: int) -> None:
     """One save mid-run (keep_last 1): blocking seconds, write and crc32c GB/s, step time while writing, staged GB;
     the resumed loss curve against a second straight run (the noise floor, not zero: GPU kernels vary): the train
     stage's base run when this DIR has one of the same length, else a run of its own."""
-    from utils import checkpoint as ckpt
+    from utils import ckpt
     from utils.crc import crc32c_file
 
     every = steps // 2
@@ -227,14 +228,15 @@ def stage_save(out: Path, cpu: bool, steps: int) -> None:
            crc32c_gb_per_s=staged / GB / crc_s if crc_s > 0 else None,
            step_ratio_during_write=statistics.median(busy) / statistics.median(quiet) if busy and quiet else None,
            staged_gb=staged / GB, checkpoint_gb=size / GB,
-           resume_max_dloss=max_dloss(history(r), straight, every), noise_floor_max_dloss=max_dloss(rows, straight, 0))
+           resume_max_dloss=max_dloss(history(r), straight, every),
+           noise_floor_max_dloss=max_dloss(rows, straight, 0))
     shutil.rmtree(out / "ckpt", ignore_errors=True)
 
 
 def stage_fsdp(out: Path, cpu: bool, steps: int) -> None:
     """FSDP2 with configs/accelerate/fsdp_production.yaml on 1 GPU (CPU mode: 1 process, a gloo group of one; 2 ranks
     are tests/test_distributed.py's): save and resume."""
-    from utils import checkpoint as ckpt
+    from utils import ckpt
 
     every = steps // 2
     common = ["--max-steps", str(steps), "--eval-every", str(10 * steps)]

@@ -2,7 +2,7 @@
 
 Written with the `gguf` library, not llama.cpp's converter: that converter knows only published tokenizers
 (every model trained here has its own) and reads only the legacy rotary keys. What llama.cpp needs, per
-tokenizer kind (utils.tokenizers):
+tokenizer kind (utils.data.tokenizers):
 - bpe and byte: the token texts are already GPT-2 byte-level strings; pre-tokenizer `gpt-2`, the BPE merges.
 - char: HF has no pre-tokenizer and one token per character, so each text is written byte-level encoded
   (a raw " " would never match) and a multi-byte character gets the merges that join its bytes.
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from utils.errors import PiconeoxError
-from utils.tokenizers import EOT, _byte_to_unicode, tokenizer_kind
+from utils.data.tokenizers import EOT, _byte_to_unicode, tokenizer_kind
 
 OUT_TYPES = ("f32", "f16", "q8_0")
 NEVER_MERGE = "ÿ ÿ"  # byte-level 0xFF twice: no UTF-8 text contains it
