@@ -46,7 +46,7 @@ With --num-machines > 1, GLOO_SOCKET_IFNAME is set to the interface that routes 
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set unless PYTORCH_CUDA_ALLOC_CONF is already set.
 
 Test hooks: PICONEOX_FAKE_GPUS=N pretends N CUDA GPUs are visible (to check GPU lines on a CPU box);
-PICONEOX_CPU_FSDP=1 shards for real over gloo when an FSDP --accelerate-config runs on CPU (--procs N).
+PICONEOX_CPU_FSDP=1 shards for real over gloo when an FSDP --accelerate-config runs on CPU (--procs N, also 1).
 EOF
 }
 
@@ -61,7 +61,7 @@ ROOT=$(dirname "$0")
 PY=python3
 [ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"
 
-preset="" gpus="" procs="" machines="" rank="" ip="" port="" acc_config="" mp="" dry_run=0
+preset="" gpus="" procs="" cpu_group="" machines="" rank="" ip="" port="" acc_config="" mp="" dry_run=0
 train_args=()
 while [ $# -gt 0 ]; do
   opt=$1
@@ -163,7 +163,9 @@ if [ "$gpus" -eq 0 ]; then
   threads=${OMP_NUM_THREADS:-$(( cores / per_machine > 0 ? cores / per_machine : 1 ))}
   envs+=("OMP_NUM_THREADS=$threads")
   mp=${mp:-no}
-  if [ "$total" -gt 1 ]; then
+  # PICONEOX_CPU_FSDP=1 with a config: even one process needs a (gloo) group for FSDP2, as one GPU does
+  if [ "$total" -gt 1 ] || { [ -n "$user_config" ] && [ "${PICONEOX_CPU_FSDP:-}" = 1 ]; }; then
+    cpu_group=1
     envs=(ACCELERATE_USE_CPU=true "${envs[@]}")
     [ -z "$user_config" ] && launch=(--multi_gpu "${launch[@]}")
   else
@@ -196,7 +198,7 @@ if [ "$machines" -gt 1 ] && [ -z "${GLOO_SOCKET_IFNAME:-}" ]; then
   fi
 fi
 # One machine: port 0 lets accelerate pick a free port, so two runs (or test suites) on one box never collide.
-[ -z "$port" ] && [ "$machines" -eq 1 ] && [ "$total" -gt 1 ] && port=0
+[ -z "$port" ] && [ "$machines" -eq 1 ] && { [ "$total" -gt 1 ] || [ -n "${cpu_group:-}" ]; } && port=0
 [ -n "$port" ] && launch+=(--main_process_port "$port")
 
 cmd=("$PY" -m accelerate.commands.launch "${launch[@]}" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}")

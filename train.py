@@ -174,7 +174,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     from utils.ckpt.uploader import open_uploader
     from utils.data.source import local_dataset, make_loaders
     from utils.data.tokenizers import load_tokenizer
-    from utils.distributed import make_accelerator, weights_come_from_rank0
+    from utils.distributed import compile_layers, describe, make_accelerator, weights_come_from_rank0
     from utils.lm import auto_micro_batch
     from utils.metrics import MetricsWriter, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
@@ -235,7 +235,9 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
     scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
     model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
-    if tc.compile == "on" or (tc.compile == "auto" and cuda):
+    if (tc.compile == "on" or (tc.compile == "auto" and cuda)) and describe(accelerator) == "DDP":
+        compile_layers(accelerator.unwrap_model(model))  # one graph per layer, not one per DDP gradient bucket
+    elif tc.compile == "on" or (tc.compile == "auto" and cuda):
         model = torch.compile(model)  # after prepare(): saved keys never carry `_orig_mod.`
 
     state = ckpt.TrainerState()
@@ -345,7 +347,7 @@ def train(run: Run) -> str:
             state.best_val_loss = min(val, state.best_val_loss)
             state.evals_without_improvement = 0 if improved else state.evals_without_improvement + 1
             run.report.evaluated(state.step, loss, val, improved, state.evals_without_improvement)
-            if improved:
+            if improved and tc.best_and_final:
                 save(run, run.run_dir / "best", weights_only=True)
             if tc.patience and state.evals_without_improvement >= tc.patience:
                 return f"early stopping: no val improvement in {tc.patience} evaluations"
@@ -422,12 +424,14 @@ def finish(run: Run, reason: str) -> int:
     run.uploader.close(timeout=stop.remaining())  # every rank's saver; no limit unless stopping on a signal
     check_uploads(run)
     if run.accelerator.is_main_process:
-        ckpt.publish_final(last, run.run_dir / "final", consolidate_weights=not preempted, log=log)
+        if tc.best_and_final:
+            ckpt.publish_final(last, run.run_dir / "final", consolidate_weights=not preempted, log=log)
         cuda = run.accelerator.device.type == "cuda"
         run.report.summary(state.step, reason, state.best_val_loss, run.log_dir, sample,
                            torch.cuda.max_memory_allocated() / 1e9 if cuda else None)
         log.info(where_things_are(run.run_dir, run.log_dir, run.cfg.run.log_dir))
-        log.info(next_commands(run.cfg.preset, run.run_dir, stopped=stop.stopping))
+        log.info(next_commands(run.cfg.preset, run.run_dir, stopped=stop.stopping,
+                               weights=run.run_dir / "best" if tc.best_and_final else last))
         run.metrics.close()
     run.accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     run.accelerator.end_training()

@@ -64,6 +64,17 @@ def test_procs_2_uses_the_gloo_recipe_not_cpu_flag():
     assert envs["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 2))
 
 
+def test_one_cpu_process_with_cpu_fsdp_gets_a_process_group_as_one_gpu_would(monkeypatch):
+    # FSDP2 needs a group even of one: `--cpu` would start a plain process (gpu_check's CPU mode relies on this)
+    monkeypatch.setenv("PICONEOX_CPU_FSDP", "1")
+    config = str(REPO / "configs/accelerate/fsdp_production.yaml")
+    envs, launch, _ = launched("--config", "test", "--gpus", "0", "--accelerate-config", config)
+    assert not launch.cpu and launch.num_processes == 1 and launch.config_file == config
+    assert envs["ACCELERATE_USE_CPU"] == "true" and launch.main_process_port == 0
+    monkeypatch.delenv("PICONEOX_CPU_FSDP")
+    assert launched("--config", "test", "--gpus", "0", "--accelerate-config", config)[1].cpu
+
+
 def test_gpus_asked_with_no_gpu_visible_is_an_error_not_a_cpu_run():
     result = dry_run("--config", "test", "--gpus", "8", fake_gpus=0)
     assert result.returncode == 2 and result.stdout == ""

@@ -30,13 +30,14 @@ def where_things_are(run_dir: Path, log_dir: Path, log_root: str) -> str:
     return f"checkpoints in {run_dir}, logs in {log_dir} ({tensorboard} --logdir {log_root})"
 
 
-def next_commands(preset: str, run_dir: Path, stopped: bool) -> str:
-    """What a newcomer runs after training: continue, sample, evaluate, and for Pico presets export."""
+def next_commands(preset: str, run_dir: Path, stopped: bool, weights: Path) -> str:
+    """What a newcomer runs after training: continue, sample `weights` (best/, or the last step without it), and for
+    Pico presets export."""
     py = shown_path(Path(sys.executable))
     lines = ["next:"]
     if stopped:
         lines.append("  continue this run: the same command plus --resume auto")
-    lines.append(f"  {py} -m utils.generate {run_dir}/best --prompt \"Once upon a time\" --max-new-tokens 200")
+    lines.append(f"  {py} -m utils.generate {weights} --prompt \"Once upon a time\" --max-new-tokens 200")
     if preset.startswith(("rp2040", "pico")):
         lines.append(f"  {py} -m rp2040.export {run_dir} --out models/{run_dir.name} --dtype int8   "
                      "# then rp2040.run / rp2040.flash")

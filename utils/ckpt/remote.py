@@ -2,7 +2,7 @@
 
 Remote layout, written by utils/ckpt/uploader.py: `<bucket prefix>/<run>/step-XXXXXXXX/<files>`, the
 `COMPLETE` marker uploaded last. A remote folder counts only when its marker exists, so an upload cut
-short (preemption, dead network) is never chosen. Downloads go through utils/sync (crc32c-verified,
+short (preemption, dead network) is never chosen. Downloads go through utils/storage/sync (crc32c-verified,
 `.partial` files, incremental), then the marker's file sizes are checked like a local checkpoint's.
 """
 from __future__ import annotations
