@@ -13,6 +13,7 @@ loads them. Any step folder can be consolidated later with `python -m utils.cons
 
 A folder counts only when COMPLETE exists and every file it lists has the recorded size; loading for a resume
 (and utils.generate, rp2040.export) also checks each file's crc32c, so same-size corruption is caught too.
+Loading never runs code from a checkpoint: its pickles are read through allowlists (utils/safe_load.py).
 DCP reshards on load: a checkpoint of N ranks resumes on M ranks, under DDP or FSDP alike.
 
 Saving is split in two so the slow part runs off the training thread: `capture()` copies this rank's shard off
@@ -394,13 +395,15 @@ def resolve_resume(path: Path, warn=print) -> Path:
 def load_common(folder: Path, rank: int = 0) -> dict:
     """The small parts of a checkpoint: json states, scheduler, scaler, and this rank's RNG (rank 0's when the
     checkpoint had fewer ranks)."""
+    from utils.safe_load import load_small_state
+
     folder = Path(folder)
     out = {name: json.loads((folder / f"{name}.json").read_text()) for name in JSON_PARTS}
     for name in TORCH_PARTS:
         path = folder / f"{name}.pt"
-        out[name] = torch.load(path, map_location="cpu", weights_only=False) if path.exists() else None
+        out[name] = load_small_state(path) if path.exists() else None
     rng = folder / rng_name(rank)
-    out["rng"] = torch.load(rng if rng.exists() else folder / rng_name(0), map_location="cpu", weights_only=False)
+    out["rng"] = load_small_state(rng if rng.exists() else folder / rng_name(0))
     return out
 
 
@@ -408,12 +411,15 @@ def load_sharded(folder: Path, model, optimizer) -> None:
     """Load model and optimizer state in place; every rank reads only the slices of its own shards (DCP
     reshards when the world size or sharding differ). Every rank must call this."""
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    from utils.safe_load import load_dcp
 
     state = sharded_state(model, optimizer)  # this rank's tensors: DCP fills them in place
     try:
-        dcp.load(state, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
+        load_dcp(state, folder, no_dist=not dist.is_initialized())
+    except PiconeoxError:  # a refusal or an unreadable index: already one line naming the file
+        raise
     except Exception as e:  # CheckpointException wraps every rank's error; one line is enough for the user
         raise PiconeoxError(f"{folder}: cannot load the sharded state: {str(e).splitlines()[0][:300]}") from e
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -33,17 +33,17 @@ def checked(folder: Path) -> Path:
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """The full model weights of a DCP checkpoint folder (any number of shards), on the CPU."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader = dcp.FileSystemReader(str(folder))
-    meta = reader.read_metadata().state_dict_metadata
+    from utils.safe_load import SafeFileSystemReader, load_dcp
+
+    meta = SafeFileSystemReader(str(folder)).read_metadata().state_dict_metadata
     weights = {key[len(MODEL_PREFIX):]: torch.empty(m.size, dtype=m.properties.dtype)
                for key, m in meta.items() if key.startswith(MODEL_PREFIX) and isinstance(m, TensorStorageMetadata)}
     if not weights:
         raise PiconeoxError(f"{folder}: the checkpoint holds no model weights")
     state = {"model": weights}
-    dcp.load(state, storage_reader=reader, no_dist=True)
+    load_dcp(state, folder, no_dist=True)
     return state["model"]
 
 
