@@ -134,9 +134,10 @@ def load_dcp(state: dict, folder: Path, no_dist: bool) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
+    reader = SafeFileSystemReader(str(folder))
+    reader.read_metadata()  # a refusal here raised inside dcp.load would be folded into an AssertionError
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(folder)), planner=SafeLoadPlanner(folder),
-                 no_dist=no_dist)
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(folder), no_dist=no_dist)
     except CheckpointException as e:  # a BaseException: DCP wraps every rank's error in it
         errors = [exc for exc, _ in e.failures.values()]
         raise next((exc for exc in errors if isinstance(exc, PiconeoxError)), errors[0]) from None
