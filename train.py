@@ -405,7 +405,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from utils.loader import BlockLoader
     from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
-    from utils import resume
+    from utils import partials, resume
     from utils.preemption import StopRequest, StopVote
     from utils.storage import open_storage
     from utils.sync import host_dir
@@ -469,6 +469,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     # Resume target (decided before building anything heavy, so a bad path fails fast): rank 0 decides.
     resume_from = resume.agree(accelerator, args.resume, run_dir, bucket, remote_cache, args.credentials,
                               args.grace_seconds, log)
+    uploader.completed |= partials.clean_at_start(accelerator, run_dir, bucket, log)  # crashed attempts' leftovers
     resumed = ckpt.load_common(resume_from, rank) if resume_from else None
     tokenizer_sha256 = check_resumable(resumed, resume_from, cfg, data_dir)
     if pretrained:

@@ -6,8 +6,9 @@ a collective among these threads on their own gloo group), hashes and uploads th
 `<bucket>/<run>/step-XXXXXXXX/`, and reports to rank 0. Rank 0 writes the COMPLETE marker (every file with
 its size and crc32c) only when every rank reported success, locally and then to the bucket, and tells every
 rank the outcome; rank 0 prunes the bucket to the newest `keep_remote` complete checkpoints and each machine
-rotates its local step folders. With `background=False` the same work runs inside `submit()`
-(`--no-background-upload`). best/ (weights only, rank 0) is written locally, never uploaded.
+rotates its local step folders; partial steps older than the newest complete one go too (utils/partials.py).
+With `background=False` the same work runs inside `submit()` (`--no-background-upload`). best/ (weights only,
+rank 0) is written locally, never uploaded.
 
     uploader = CheckpointUploader(open_storage("gs://b/ckpt").child(run), keep_remote=3, keep_local=3)
     uploader.submit(SaveRequest(ckpt.capture(...), run_dir / "step-00000100"))
@@ -38,6 +39,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from utils import checkpoint as ckpt
+from utils import partials
 from utils.errors import PiconeoxError
 from utils.remote_checkpoint import steps_in
 from utils.storage import ObjectExists, Storage
@@ -120,6 +122,7 @@ class CheckpointUploader:
         self.check_settings(store is not None, keep_remote, max_failures)
         self.store, self.group, self.rank, self.rotate_local = store, group, rank, rotate_local
         self.completed: set[int] = set()  # steps rank 0 confirmed complete (its marker is written)
+        self._partials_removed: list[int] = []  # bucket steps the last prune removed as partial (rank 0)
         self.keep_remote, self.keep_local, self.max_failures = keep_remote, keep_local, max_failures
         self.background, self.progress = background, progress
         self.failures = 0  # in total
@@ -304,8 +307,13 @@ class CheckpointUploader:
         error, url, note = self._broadcast(outcome)
         if error is None or error.startswith("upload"):  # the marker is on disk: complete locally
             self.completed.add(snap.step)
+        local = []
         if self.rotate_local:  # also when the upload failed: a bucket that is down must not fill the disk
             ckpt.rotate(folder.parent, self.keep_local, self.completed)
+            local = partials.remove_local(folder.parent, self.completed)
+        remote, self._partials_removed = self._partials_removed, []
+        if self.rank == 0 and (line := partials.describe(local, remote, folder.parent, self.store and self.store.url)):
+            note += f"; {line}"
         return error, url, note
 
     def _complete(self, snap, folder: Path, reports) -> tuple[str | None, str | None, str]:
@@ -378,8 +386,10 @@ class CheckpointUploader:
         return remote.url, ""
 
     def _prune_remote(self) -> None:
-        """Delete complete remote checkpoints older than the newest `keep_remote` ones (marker first)."""
+        """Delete complete remote checkpoints older than the newest `keep_remote` ones (marker first), and the
+        partial ones older than the newest complete one (`partials`)."""
         listing = self.store.list(checksums=False)
+        self._partials_removed = partials.remove_remote(self.store, listing)
         complete = sorted(step for step, done in steps_in(listing).items() if done)
         for step in complete[:-self.keep_remote]:
             prefix = f"{ckpt.step_dir_name(step)}/"
