@@ -63,6 +63,9 @@ def test_next_run_removes_partial_steps_of_crashed_attempts(tmp_path, tiny_data,
 
     code, _, _ = run(tmp_path, tiny_data, "--max-steps", "30", "--resume", "auto", *common)
     assert code == 0
+    assert [step for step, _ in ckpt.step_folders(run_dir)] == [10, 20, 30]
+    if bucket:
+        assert remote_steps(bucket) == {10: True, 20: True, 30: True}
     log = (tmp_path / "logs" / "run" / "training.log").read_text().splitlines()
     removed = [line.partition(" INFO ")[2] for line in log if "removed partial checkpoint step(s)" in line]
     assert len(removed) == 2 and all(removed), removed  # each an INFO line
@@ -71,5 +74,3 @@ def test_next_run_removes_partial_steps_of_crashed_attempts(tmp_path, tiny_data,
     assert "saved checkpoint" in after_30 and f"step(s) 25 from {run_dir}" in after_30
     if bucket:
         assert f"5, 15 from {bucket.url}" in at_start and f"25 from {bucket.url}" in after_30
-        assert remote_steps(bucket) == {10: True, 20: True, 30: True}
-    assert [step for step, _ in ckpt.step_folders(run_dir)] == [10, 20, 30]
