@@ -66,26 +66,23 @@ def clean_at_start(accelerator, run_dir: Path, bucket: Storage | None, log) -> s
     """Every rank: remove the run's partial steps older than its newest complete step, locally on every machine
     and (rank 0) in the bucket, in one INFO line. Returns the steps complete on rank 0's disk, which every
     machine's rotation then counts as complete. Best effort: a failure is a warning, never a stop."""
-    complete, remote = None, []
+    complete = None
     if accelerator.is_main_process:
         complete = sorted(step for step, has_marker in local_steps(run_dir).items() if has_marker)
-        if bucket is not None:
-            try:
-                remote = remove_remote(bucket)
-            except (PiconeoxError, OSError) as e:
-                log.warning(f"could not remove partial checkpoints from {bucket.url}: {e}")
-    if accelerator.num_processes > 1:
+    if accelerator.num_processes > 1:  # before any deleting: no rank waits while rank 0 talks to the bucket
         from accelerate.utils import broadcast_object_list
 
         box = [complete]
         broadcast_object_list(box)
         complete = box[0]
-    local = []
-    if accelerator.is_local_main_process:
-        try:
+    local, remote = [], []
+    try:
+        if accelerator.is_local_main_process:
             local = remove_local(run_dir, set(complete))
-        except OSError as e:
-            log.warning(f"could not remove partial checkpoints from {run_dir}: {e}")
+        if accelerator.is_main_process and bucket is not None:
+            remote = remove_remote(bucket)
+    except (PiconeoxError, OSError) as e:
+        log.warning(f"could not remove every partial checkpoint of {run_dir.name}: {e}")
     if accelerator.is_main_process and (line := describe(local, remote, run_dir, bucket.url if bucket else None)):
         log.info(line)
     return set(complete)
