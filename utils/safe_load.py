@@ -78,7 +78,8 @@ class SafeFileSystemReader(FileSystemReader):
             except UnsafeCheckpoint:
                 raise
             except Exception as e:  # truncated or not a pickle at all: the unpickler's errors vary
-                raise PiconeoxError(f"{path}: not a readable checkpoint index ({type(e).__name__}: {e})") from None
+                why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                raise PiconeoxError(f"{path}: not a readable checkpoint index ({why})") from None
         if not isinstance(metadata, Metadata):
             raise PiconeoxError(f"{path}: not a checkpoint index (holds a {type(metadata).__name__})")
         if getattr(metadata, "storage_meta", None) is None:
