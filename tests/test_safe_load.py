@@ -140,12 +140,13 @@ def test_resume_from_the_bucket_refuses_a_payload(work, tiny_data, gcs_emulator,
 
 
 def test_tools_refuse_a_payload_in_the_index(work, tiny_data, capsys):
-    """consolidate, generate, evaluate, rp2040.export and --init-from read a step folder's `.metadata` (and its
-    tensors, which torch always loads with weights_only=True)."""
+    """consolidate, generate, evaluate, to_gguf, rp2040.export and --init-from read a step folder's `.metadata`
+    (and its tensors, which torch always loads with weights_only=True)."""
     from rp2040.export import main as export_main
     from utils.consolidate import main as consolidate_main
     from utils.evaluate import main as evaluate_main
     from utils.generate import main as generate_main
+    from utils.to_gguf import main as gguf_main
 
     folder, flag = work / "ckpt" / "run" / STEP, work / "PWNED"
     poison(folder, ckpt.DCP_INDEX, flag)
@@ -155,11 +156,12 @@ def test_tools_refuse_a_payload_in_the_index(work, tiny_data, capsys):
              "generate": lambda: generate_main([str(folder), "--max-new-tokens", "2"]),
              "evaluate": lambda: evaluate_main([str(folder), "--eval-perplexity", str(text)]),
              "export": lambda: export_main([str(folder), "--out", str(work / "pico")]),
+             "to_gguf": lambda: gguf_main([str(folder), "--out", str(work / "model.gguf")]),
              "init-from": lambda: run(work / "init", tiny_data, "--max-steps", "1", "--init-from", str(folder))[0]}
     capsys.readouterr()
     for tool, call in calls.items():
         assert_refused(call(), capsys, folder / ckpt.DCP_INDEX, flag)
-    assert not (work / "hf").exists() and not (work / "pico").exists()
+    assert not (work / "hf").exists() and not (work / "pico").exists() and not (work / "model.gguf").exists()
 
 
 def test_a_clean_checkpoint_loads_everywhere(work, tiny_data):
