@@ -6,8 +6,8 @@ import pytest
 
 from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
 from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils import checkpoint as ckpt
-from utils.remote_checkpoint import remote_steps
+from utils import ckpt
+from utils.ckpt.remote import remote_steps
 from utils.storage import open_storage
 
 
@@ -21,7 +21,7 @@ def step_folder(run_dir, step: int, complete: bool):
 
 
 def test_only_partials_older_than_the_newest_complete_step_go(tmp_path):
-    from utils.partials import remove_local
+    from utils.ckpt.partials import remove_local
 
     for step, complete in ((10, True), (15, False), (20, True), (25, False)):
         step_folder(tmp_path, step, complete)
@@ -31,7 +31,7 @@ def test_only_partials_older_than_the_newest_complete_step_go(tmp_path):
 
 def test_a_machine_holding_only_shards_follows_rank_0(tmp_path):
     """Its folders never have a marker (rank 0 writes them on its own disk): rank 0's complete steps decide."""
-    from utils.partials import remove_local
+    from utils.ckpt.partials import remove_local
 
     for step in (10, 15, 20, 25):
         step_folder(tmp_path, step, complete=False)

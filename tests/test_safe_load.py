@@ -12,7 +12,7 @@ import torch
 
 from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
 from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils import checkpoint as ckpt
+from utils import ckpt
 from utils.storage import open_storage
 
 STEP = "step-00000010"

@@ -14,9 +14,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from utils import checkpoint as ckpt
+from utils.ckpt.format import MARKER, step_dir_name, step_folders
+from utils.ckpt.remote import steps_in
+from utils.distributed import broadcast_object
 from utils.errors import PiconeoxError
-from utils.remote_checkpoint import steps_in
 from utils.storage import Storage
 
 
@@ -29,7 +30,7 @@ def stale(steps: dict[int, bool], complete: set[int] = frozenset()) -> list[int]
 
 def local_steps(run_dir: Path) -> dict[int, bool]:
     """{step: whether its marker is on this disk} for every step folder of `run_dir`."""
-    return {step: (folder / ckpt.MARKER).is_file() for step, folder in ckpt.step_folders(run_dir)}
+    return {step: (folder / MARKER).is_file() for step, folder in step_folders(run_dir)}
 
 
 def remove_local(run_dir: Path, complete: set[int] = frozenset()) -> list[int]:
@@ -37,7 +38,7 @@ def remove_local(run_dir: Path, complete: set[int] = frozenset()) -> list[int]:
     complete on rank 0's disk (a machine holding only its own shards has no markers). Returns the steps."""
     steps = stale(local_steps(run_dir), complete)
     for step in steps:
-        shutil.rmtree(Path(run_dir) / ckpt.step_dir_name(step), ignore_errors=True)
+        shutil.rmtree(Path(run_dir) / step_dir_name(step), ignore_errors=True)
     return steps
 
 
@@ -47,7 +48,7 @@ def remove_remote(store: Storage, listing=None) -> list[int]:
     names = list(store.list(checksums=False) if listing is None else listing)
     steps = stale(steps_in(names))
     for step in steps:
-        prefix = f"{ckpt.step_dir_name(step)}/"
+        prefix = f"{step_dir_name(step)}/"
         for name in names:
             if name.startswith(prefix):
                 store.delete(name)
@@ -58,7 +59,7 @@ def describe(local: list[int], remote: list[int], run_dir: Path, url: str | None
     """One line saying which partial steps went where ('' when none did)."""
     where = [f"{', '.join(map(str, local))} from {run_dir}"] if local else []
     where += [f"{', '.join(map(str, remote))} from {url}"] if remote else []
-    return f"removed partial checkpoint step(s) {' and '.join(where)} (interrupted saves: no {ckpt.MARKER} marker, " \
+    return f"removed partial checkpoint step(s) {' and '.join(where)} (interrupted saves: no {MARKER} marker, " \
            "older than a complete step)" if where else ""
 
 
@@ -69,12 +70,7 @@ def clean_at_start(accelerator, run_dir: Path, bucket: Storage | None, log) -> s
     complete = None
     if accelerator.is_main_process:
         complete = sorted(step for step, has_marker in local_steps(run_dir).items() if has_marker)
-    if accelerator.num_processes > 1:  # before any deleting: no rank waits while rank 0 talks to the bucket
-        from accelerate.utils import broadcast_object_list
-
-        box = [complete]
-        broadcast_object_list(box)
-        complete = box[0]
+    complete = broadcast_object(complete)  # before any deleting: no rank waits while rank 0 talks to the bucket
     local, remote = [], []
     try:
         if accelerator.is_local_main_process:
