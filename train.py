@@ -170,7 +170,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     from configs.model import build_model, count_parameters
     from configs.plan import model_flops_per_token, use_activation_checkpointing
     from utils import ckpt
-    from utils.ckpt import resume
+    from utils.ckpt import partials, resume
     from utils.ckpt.uploader import open_uploader
     from utils.data.source import local_dataset, make_loaders
     from utils.data.tokenizers import load_tokenizer
@@ -206,6 +206,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     resume_from = resume.agree(accelerator, s.resume, run_dir, uploader.store,
                                host_dir(Path(s.output_dir) / ".remote-cache"),  # output_dir may be shared: one each
                                s.credentials, s.grace_seconds, log)
+    uploader.saver.completed |= partials.clean_at_start(accelerator, run_dir, uploader.store, log)  # crashes' leftovers
     cfg, tokenizer_sha256 = resume.resumed_config(cfg, resume_from, accelerator.num_processes, data_dir)
     if pretrained:
         pretrained.check_dataset(data_dir, tokenizer_sha256)
