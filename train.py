@@ -232,6 +232,7 @@ def preflight(args, cfg, pretrained) -> Path | None:
     """What runs before the launch: check the settings, output folders, --data (verified), --init-from, --resume
     and gs:// settings (no GPU), then sync a gs:// --data into this machine's cache and return that folder."""
     from utils import checkpoint as ckpt
+    from utils import runlock
     from utils.distributed import check_timeout
     from utils.preemption import StopRequest
     from utils.shards import verify_dataset
@@ -243,12 +244,14 @@ def preflight(args, cfg, pretrained) -> Path | None:
         if pretrained:
             pretrained.check_dataset(local, dataset.tokenizer_sha256)
     check_timeout(args.collective_timeout_minutes)
-    check_new_run(args, *run_dirs(args, cfg)[1:])
-    StopRequest(args.grace_seconds)  # validates the grace period
-    CheckpointUploader.check_settings(bool(args.checkpoint_bucket), cfg.train.keep_last, args.max_upload_failures)
-    check_gcs_settings(args, cfg)
-    if args.resume and args.resume != "auto" and not args.resume.startswith("gs://"):
-        ckpt.resolve_resume(Path(args.resume), warn=lambda _: None)
+    run, run_dir, log_dir = run_dirs(args, cfg)
+    with runlock.for_launcher(args.output_dir, run):  # held for the whole run unless a check here refuses it
+        check_new_run(args, run_dir, log_dir)
+        StopRequest(args.grace_seconds)  # validates the grace period
+        CheckpointUploader.check_settings(bool(args.checkpoint_bucket), cfg.train.keep_last, args.max_upload_failures)
+        check_gcs_settings(args, cfg)
+        if args.resume and args.resume != "auto" and not args.resume.startswith("gs://"):
+            ckpt.resolve_resume(Path(args.resume), warn=lambda _: None)
     if cfg.train.data.startswith("gs://"):
         return ensure_local(cfg.train.data, DATA_CACHE, args.credentials)
     return None
@@ -396,7 +399,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
 
     import torch
     import transformers
-    from accelerate.utils import set_seed
+    from accelerate.utils import gather_object, set_seed
 
     from configs.model import count_parameters
     from configs.presets import RunConfig
@@ -405,7 +408,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from utils.loader import BlockLoader
     from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
-    from utils import resume
+    from utils import resume, runlock
+    from utils.lifeline import GraceDeadline
     from utils.preemption import StopRequest, StopVote
     from utils.storage import open_storage
     from utils.sync import host_dir
@@ -434,19 +438,20 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     cfg = RunConfig(cfg.preset, cfg.model.with_vocab(train_loader.vocab_size), tc).validate()
 
     run, run_dir, log_dir = run_dirs(args, cfg)
-    # Decided by the main process (it alone writes checkpoints) and shared, so no rank is left waiting.
-    refusal = [None]
-    if is_main:
+    # Every process holds the run's lock while it writes (each machine's main process first: it may take a free
+    # one); the main process alone decides whether the run may start, and every rank learns it.
+    refusal = None
+    if accelerator.is_local_main_process:
         try:
-            check_new_run(args, run_dir, log_dir)
+            cleanup.enter_context(runlock.holding(args.output_dir, run, f"rank {rank}"))
+            if is_main:
+                check_new_run(args, run_dir, log_dir)
         except PiconeoxError as e:
-            refusal = [str(e)]
-    if world > 1:
-        from accelerate.utils import broadcast_object_list
-
-        broadcast_object_list(refusal)
-    if refusal[0]:
-        raise PiconeoxError(refusal[0])
+            refusal = str(e)
+    if refusal := next((r for r in gather_object([refusal]) if r), None):
+        raise PiconeoxError(refusal)
+    if not accelerator.is_local_main_process:
+        cleanup.enter_context(runlock.holding(args.output_dir, run, f"rank {rank}"))
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -456,6 +461,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
 
     # Each storage call gives up within one grace period, so a dead bucket cannot hold a clean stop for long.
     stop = StopRequest(args.grace_seconds)
+    cleanup.enter_context(GraceDeadline(stop))  # a stop that cannot finish (a peer gone) ends after the grace
     bucket = None
     if args.checkpoint_bucket:
         bucket = open_storage(args.checkpoint_bucket, args.credentials, timeout_s=args.grace_seconds).child(run)
@@ -567,7 +573,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     window = (time.time(), state.step)  # steps since the last loss read, for tokens/s
     interval_tokens, interval_seconds = 0, 0.0  # for the eval line's throughput
     stop_reason = "max steps reached"
-    cleanup.enter_context(stop)  # SIGTERM/SIGINT now only ask for a clean stop
+    cleanup.enter_context(stop)  # SIGTERM/SIGINT/SIGHUP now only ask for a clean stop
     model.train()
     while state.step < tc.max_steps:
         t0 = time.time()
@@ -729,5 +735,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from utils.lifeline import bind_worker
+
+    bind_worker()  # SIGTERM (a clean stop) when the process that started this one dies
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.exit(main())
