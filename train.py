@@ -462,6 +462,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     # Each storage call gives up within one grace period, so a dead bucket cannot hold a clean stop for long.
     stop = StopRequest(args.grace_seconds)
     cleanup.enter_context(GraceDeadline(stop))  # a stop that cannot finish (a peer gone) ends after the grace
+    cleanup.enter_context(stop)  # from here SIGTERM/SIGINT/SIGHUP only ask for a clean stop (at the first micro-step)
     bucket = None
     if args.checkpoint_bucket:
         bucket = open_storage(args.checkpoint_bucket, args.credentials, timeout_s=args.grace_seconds).child(run)
@@ -573,7 +574,6 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     window = (time.time(), state.step)  # steps since the last loss read, for tokens/s
     interval_tokens, interval_seconds = 0, 0.0  # for the eval line's throughput
     stop_reason = "max steps reached"
-    cleanup.enter_context(stop)  # SIGTERM/SIGINT/SIGHUP now only ask for a clean stop
     model.train()
     while state.step < tc.max_steps:
         t0 = time.time()
