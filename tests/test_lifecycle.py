@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.test_preemption import start_two_ranks
 from utils import checkpoint as ckpt
 from utils import runlock
 
@@ -89,7 +90,19 @@ def test_a_live_lock_refuses_a_second_writer_and_a_dead_ones_lock_is_taken_over(
     assert warnings == [f"run r: taking over the lock {path} left by pid {other.pid} (train.py) on {HOST}, no longer running"]
     assert [h["pid"] for h in lock_holders_at(path)] == [os.getpid()]
     runlock.release(path, me)
-    assert not path.exists()  # the last holder removes it
+    assert not path.parent.exists()  # the last holder removes it (and the .locks folder, now empty)
+
+
+RACE = "import sys, time\nfrom utils import runlock\ntry:\n    runlock.hold(runlock.lock_path(sys.argv[1], 'r'), 'r', 'train.py')\n" \
+       "except runlock.RunLocked:\n    sys.exit(2)\ntime.sleep(3)\n"
+
+
+def test_of_eight_processes_that_take_one_lock_at_once_exactly_one_wins(tmp_path):
+    racers = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path)], cwd=REPO) for _ in range(8)]
+    codes = [p.wait(timeout=60) for p in racers]
+    assert sorted(codes) == [0] + [2] * 7
+    winner = racers[codes.index(0)].pid
+    assert [h["pid"] for h in lock_holders_at(tmp_path / ".locks" / "r.lock")] == [winner]
 
 
 def lock_holders_at(path: Path) -> list[dict]:
@@ -106,7 +119,8 @@ def test_two_launchers_at_once_one_wins_the_other_exits_2_before_the_launch(tmp_
     assert lost == 2 and lost_err.count("\n") == 1 and "Traceback" not in lost_err, lost_err
     assert lost_err.startswith("error: run r is still being written by pid ") and f"(start_training.sh) on {HOST}" in lost_err
     assert "under accelerate launch" not in lost_out  # refused in the preflight: nothing was launched
-    assert not (tmp_path / "ckpt" / ".locks" / "r.lock").exists()  # the winner gave it back on exit
+    assert "accelerate.commands.launch" not in won_out  # a line unsafe to Ctrl-C by hand is not offered
+    assert not (tmp_path / "ckpt" / ".locks").exists()  # the winner gave the lock back on exit
 
 
 # --- the launcher dies: nothing outlives it, the restart waits for the save -------------------------------
@@ -188,16 +202,8 @@ with GraceDeadline(stop), stop:
 """
 
 
-def test_a_stop_whose_peer_hangs_ends_within_the_grace(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-        procs.append(subprocess.Popen([sys.executable, "-c", STUCK_PEER], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+def test_a_stop_whose_peer_hangs_ends_within_the_grace():
+    procs = start_two_ranks(STUCK_PEER)
     try:
         assert procs[1].stdout.readline() == "stuck\n"
         time.sleep(1)  # rank 0 is now blocked inside the all-reduce, where no Python signal handler runs

@@ -80,10 +80,17 @@ def owner() -> tuple[int, str]:
 
 @contextlib.contextmanager
 def _guarded(folder: Path):
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder, os.O_RDONLY)
+    """flock(2) on the .locks folder; retried when the last release removed the folder meanwhile."""
+    while True:
+        folder.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(folder, os.O_RDONLY)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.samestat(os.fstat(fd), os.stat(folder)):
+                    break
+            os.close(fd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)
@@ -149,8 +156,10 @@ def release(path: Path, me: Holder) -> None:
         rest = [h for h in holders if h != me]
         if any(h.alive() for h in rest):
             _write(path, rest)
-        else:
-            path.unlink(missing_ok=True)
+            return
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()  # only when no other run's lock is in it: a finished run leaves no trace
 
 
 @contextlib.contextmanager
