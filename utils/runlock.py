@@ -22,6 +22,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from utils.atomic import check_writable_dir
 from utils.errors import PiconeoxError
 
 OWNER_ENV = "PICONEOX_RUN_LOCK_OWNER"  # the launcher's pid: the lock it took is its workers' to join
@@ -162,10 +163,15 @@ def release(path: Path, me: Holder) -> None:
             path.parent.rmdir()  # only when no other run's lock is in it: a finished run leaves no trace
 
 
+def _checked_path(output_dir: str | Path, run: str) -> Path:
+    check_writable_dir(output_dir, "--output-dir")  # one line for a path under a file or a read-only place
+    return lock_path(output_dir, run)
+
+
 @contextlib.contextmanager
 def holding(output_dir: str | Path, run: str, role: str):
     """This process holds the run's lock inside the block (joins its launcher's, or takes it)."""
-    path = lock_path(output_dir, run)
+    path = _checked_path(output_dir, run)
     me = hold(path, run, role)
     try:
         yield path
@@ -181,7 +187,7 @@ def for_launcher(output_dir: str | Path, run: str):
     if not os.environ.get(OWNER_ENV, "").isdigit():
         yield
         return
-    path = lock_path(output_dir, run)
+    path = _checked_path(output_dir, run)
     me = hold(path, run, "start_training.sh", pid=int(os.environ[OWNER_ENV]))
     try:
         yield
