@@ -28,6 +28,7 @@ from utils.errors import PiconeoxError
 OWNER_ENV = "PICONEOX_RUN_LOCK_OWNER"  # the launcher's pid: the lock it took is its workers' to join
 NOTE_ENV = "PICONEOX_RUN_LOCK_NOTE"  # a file the preflight writes the lock's path into, for the launcher
 MACHINE_ENV = "PICONEOX_MACHINE_RANK"  # set by start_training.sh on multi-machine jobs
+_made_here: set[Path] = set()  # output folders this process created for a lock: removed with it when empty
 
 
 class RunLocked(PiconeoxError):
@@ -159,12 +160,16 @@ def release(path: Path, me: Holder) -> None:
             _write(path, rest)
             return
         path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            path.parent.rmdir()  # only when no other run's lock is in it: a finished run leaves no trace
+        with contextlib.suppress(OSError):  # only when empty: no other run's lock, no run's files
+            path.parent.rmdir()
+            if path.parent.parent in _made_here:
+                path.parent.parent.rmdir()
 
 
 def _checked_path(output_dir: str | Path, run: str) -> Path:
     check_writable_dir(output_dir, "--output-dir")  # one line for a path under a file or a read-only place
+    if not Path(output_dir).exists():
+        _made_here.add(Path(output_dir))
     return lock_path(output_dir, run)
 
 
