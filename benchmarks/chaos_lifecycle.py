@@ -68,27 +68,32 @@ def alive(procs: list[tuple[int, int]]) -> list[int]:
     return [pid for pid, start in procs if start_time(pid) == start]
 
 
-def phase(work: Path) -> str:
-    """What the run is doing now, read from its files."""
+def phase(work: Path, procs: int, since: float) -> str:
+    """What the attempt started at `since` (time.time()) is doing now, read from its files."""
     run, bucket = work / "ckpt" / "r", work / "bucket" / "r"
-    log = work / "logs" / "r" / "training.log"
-    if not log.exists() or "math:" not in log.read_text():
+    try:
+        holders = (work / "ckpt" / ".locks" / "r.lock").read_text().count('"rank ')
+        steps = [(folder, folder.stat().st_mtime) for _, folder in ckpt.step_folders(run)]
+    except FileNotFoundError:
         return "startup"
-    if any(ckpt.check_complete(folder) is not None for _, folder in ckpt.step_folders(run)):
+    if holders < procs or not any(mtime >= since for _, mtime in steps):
+        return "startup"  # until every rank holds the lock and this attempt has written a step
+    if any(mtime >= since and ckpt.check_complete(folder) is not None for folder, mtime in steps):
         return "save"
     local = ckpt.latest_complete(run)
-    if local and ckpt.check_complete(bucket / local.name) is not None:
+    if local and (local / ckpt.MARKER).stat().st_mtime >= since and ckpt.check_complete(bucket / local.name) is not None:
         return "upload"
     return "training"
 
 
-def kill_attempt(work: Path, proc: subprocess.Popen, target: str, whole_tree: bool, rng: random.Random) -> dict:
+def kill_attempt(work: Path, proc: subprocess.Popen, procs: int, target: str, whole_tree: bool,
+                 rng: random.Random) -> dict:
     """Wait for `target` (at most 300 s), then SIGKILL; returns what happened."""
-    deadline = time.monotonic() + 300
+    deadline, since = time.monotonic() + 300, time.time()
     start_by = time.monotonic() + rng.uniform(1, 6)
     now = "startup"
     while proc.poll() is None and time.monotonic() < deadline:
-        now = phase(work)
+        now = phase(work, procs, since)
         if (target == "startup" and time.monotonic() > start_by) or (target != "startup" and now == target):
             break
         time.sleep(0.01)
@@ -145,7 +150,7 @@ def chaos(procs: int, kills: int, steps: int, data: Path, root: Path, rng: rando
     while len(events) < kills:
         i = len(events)
         proc = launch(work, data, procs, steps)  # at once: the previous attempt's processes may still be saving
-        event = kill_attempt(work, proc, PHASES[i % len(PHASES)], whole_tree=(i // len(PHASES)) % 2 == 0, rng=rng)
+        event = kill_attempt(work, proc, procs, PHASES[i % len(PHASES)], whole_tree=(i // len(PHASES)) % 2 == 0, rng=rng)
         if event["hit"] == "finished":
             if event["rc"] == 2 and "still being written by" in (work / "attempts.log").read_text().splitlines()[-1]:
                 refused += 1  # refused before the launch, in one line: try again
