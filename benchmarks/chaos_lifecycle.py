@@ -9,7 +9,7 @@ For each process count, through the real ./start_training.sh (gloo on CPU, a dir
 3. a last attempt runs to the end. Its final weights must be bit-identical to the reference's, its logged
    losses equal, and no process of any attempt may be left.
 
-    .venv/bin/python benchmarks/chaos_lifecycle.py --procs 1 2 --kills 8 --steps 120
+    .venv/bin/python benchmarks/chaos_lifecycle.py --procs 2 1 --kills 8 --steps 400
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def phase(work: Path, procs: int, since: float) -> str:
         return "save"
     local = ckpt.latest_complete(run)
     if local and (local / ckpt.MARKER).stat().st_mtime >= since and ckpt.check_complete(bucket / local.name) is not None:
-        return "upload"
+        return "upload"  # written here, not complete in the bucket yet
     return "training"
 
 
@@ -91,12 +91,16 @@ def kill_attempt(work: Path, proc: subprocess.Popen, procs: int, target: str, wh
     """Wait for `target` (at most 300 s), then SIGKILL; returns what happened."""
     deadline, since = time.monotonic() + 300, time.time()
     start_by = time.monotonic() + rng.uniform(1, 6)
-    now = "startup"
+    now, trained_since = "startup", None
     while proc.poll() is None and time.monotonic() < deadline:
         now = phase(work, procs, since)
+        if now != "startup" and trained_since is None:
+            trained_since = time.monotonic()
         if (target == "startup" and time.monotonic() > start_by) or (target != "startup" and now == target):
             break
-        time.sleep(0.01)
+        if trained_since is not None and time.monotonic() - trained_since > 15:
+            break  # the target phase did not come up: kill in whatever phase this is
+        time.sleep(0.005)
     if proc.poll() is not None:
         return {"target": target, "hit": "finished", "rc": proc.returncode}
     procs = tree(proc.pid)
@@ -178,7 +182,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--procs", type=int, nargs="+", default=[1, 2])
     p.add_argument("--kills", type=int, default=8)
-    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=400)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     from prepare_data import prepare

@@ -28,6 +28,7 @@ PR_SET_PDEATHSIG = 1
 LAUNCH_PID_ENV = "PICONEOX_LAUNCH_PID"  # the pid of `accelerate launch`, the parent of every worker
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 GRACE_EXCEEDED_EXIT = 1
+_worker = False  # set by bind_worker(): a training process started as a script
 
 
 def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGTERM) -> None:
@@ -45,7 +46,10 @@ def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGTER
 
 
 def bind_worker() -> None:
-    """A training process: SIGTERM when `accelerate launch` (its parent) dies."""
+    """A training process: SIGTERM when `accelerate launch` (its parent) dies; a GraceDeadline then also covers
+    the interpreter's exit (thread joins, atexit handlers), not only the training function."""
+    global _worker
+    _worker = True
     launch = os.environ.get(LAUNCH_PID_ENV, "")
     die_with_parent(int(launch) if launch.isdigit() else None)
 
@@ -84,7 +88,8 @@ class GraceDeadline:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._done.set()
+        if not (_worker and self._started() is not None):  # a stopping worker is watched until it is gone
+            self._done.set()
         signal.set_wakeup_fd(self._previous_fd)
 
     def _started(self) -> float | None:
