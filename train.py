@@ -406,7 +406,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
 
     import torch
     import transformers
-    from accelerate.utils import gather_object, set_seed
+    from accelerate.utils import set_seed
 
     from configs.model import count_parameters
     from configs.presets import RunConfig
@@ -445,20 +445,20 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     cfg = RunConfig(cfg.preset, cfg.model.with_vocab(train_loader.vocab_size), tc).validate()
 
     run, run_dir, log_dir = run_dirs(args, cfg)
-    # Every process holds the run's lock while it writes (each machine's main process first: it may take a free
-    # one). A refusal (a machine's lock, or rank 0's check of the run's folders) reaches every rank.
-    refusal = None
-    if accelerator.is_local_main_process:
+    runlock.hold_for_run(cleanup, args.output_dir, run, accelerator)  # every process, for as long as it writes
+    # Decided by the main process (it alone writes checkpoints) and shared, so no rank is left waiting.
+    refusal = [None]
+    if is_main:
         try:
-            cleanup.enter_context(runlock.holding(args.output_dir, run, f"rank {rank}"))
-            if is_main:
-                check_new_run(args, run_dir, log_dir)
+            check_new_run(args, run_dir, log_dir)
         except PiconeoxError as e:
-            refusal = str(e)
-    if refusal := next((r for r in gather_object([refusal]) if r), None):
-        raise PiconeoxError(refusal)
-    if not accelerator.is_local_main_process:
-        cleanup.enter_context(runlock.holding(args.output_dir, run, f"rank {rank}"))
+            refusal = [str(e)]
+    if world > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(refusal)
+    if refusal[0]:
+        raise PiconeoxError(refusal[0])
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)

@@ -137,9 +137,11 @@ def test_launcher_killed_the_run_saves_and_stops_and_a_restart_meanwhile_is_refu
 
     first.kill()  # SIGKILL: no trap runs, nothing is forwarded by the launcher
     killed = time.monotonic()
-    wait_for("every process of the run to end", lambda: not any(alive(p) for p in pids[1:]), timeout=20 + 10)
-    assert time.monotonic() - killed < 20  # within the grace
+    while any(alive(p) for p in pids[1:]) and time.monotonic() - killed < 60:
+        time.sleep(0.1)
     log = (tmp_path / "logs" / "r" / "training.log").read_text()
+    assert time.monotonic() - killed < 20 + 1, (  # within the grace
+        [p for p in pids if alive(p)], log[-2000:], first.stderr.read()[-2000:])
     step = int(log.split("SIGTERM received: saving step ")[1].split()[0])
     assert ckpt.check_complete(tmp_path / "ckpt" / "r" / ckpt.step_dir_name(step)) is None
     assert "SIGTERM received; stopped cleanly" in log

@@ -184,6 +184,24 @@ def holding(output_dir: str | Path, run: str, role: str):
         release(path, me)
 
 
+def hold_for_run(cleanup: contextlib.ExitStack, output_dir: str | Path, run: str, accelerator) -> None:
+    """Every process of the run holds the lock until `cleanup` closes: each machine's main process first (it may
+    take a free one), then the others join. A refusal on any machine reaches every rank."""
+    from accelerate.utils import gather_object
+
+    role = f"rank {accelerator.process_index}"
+    refusal = None
+    if accelerator.is_local_main_process:
+        try:
+            cleanup.enter_context(holding(output_dir, run, role))
+        except PiconeoxError as e:
+            refusal = str(e)
+    if refusal := next((r for r in gather_object([refusal]) if r), None):
+        raise PiconeoxError(refusal)
+    if not accelerator.is_local_main_process:
+        cleanup.enter_context(holding(output_dir, run, role))
+
+
 @contextlib.contextmanager
 def for_launcher(output_dir: str | Path, run: str):
     """start_training.sh's preflight: take the lock in the launcher's name (`OWNER_ENV`) and tell the launcher
