@@ -39,7 +39,8 @@ GRACE = 20
 
 
 def launch(work: Path, data: Path, procs: int, steps: int) -> subprocess.Popen:
-    cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", str(procs), "--data", str(data),
+    cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", str(procs),
+           "--data", str(data),
            "--resume", "auto", "--max-steps", str(steps), "--", *TINY, "--output-dir", str(work / "ckpt"),
            "--log-dir", str(work / "logs"), "--run-name", "r", "--checkpoint-bucket", str(work / "bucket"),
            "--grace-seconds", str(GRACE)]
@@ -81,7 +82,8 @@ def phase(work: Path, procs: int, since: float) -> str:
     if any(mtime >= since and ckpt.check_complete(folder) is not None for folder, mtime in steps):
         return "save"
     local = ckpt.latest_complete(run)
-    if local and (local / ckpt.MARKER).stat().st_mtime >= since and ckpt.check_complete(bucket / local.name) is not None:
+    fresh = local and (local / ckpt.MARKER).stat().st_mtime >= since
+    if fresh and ckpt.check_complete(bucket / local.name) is not None:
         return "upload"  # written here, not complete in the bucket yet
     return "training"
 
@@ -154,7 +156,8 @@ def chaos(procs: int, kills: int, steps: int, data: Path, root: Path, rng: rando
     while len(events) < kills:
         i = len(events)
         proc = launch(work, data, procs, steps)  # at once: the previous attempt's processes may still be saving
-        event = kill_attempt(work, proc, procs, PHASES[i % len(PHASES)], whole_tree=(i // len(PHASES)) % 2 == 0, rng=rng)
+        whole_tree = (i // len(PHASES)) % 2 == 0  # four phases with the whole tree, then four with the launcher
+        event = kill_attempt(work, proc, procs, PHASES[i % len(PHASES)], whole_tree=whole_tree, rng=rng)
         if event["hit"] == "finished":
             if event["rc"] == 2 and "still being written by" in (work / "attempts.log").read_text().splitlines()[-1]:
                 refused += 1  # refused before the launch, in one line: try again
@@ -169,7 +172,8 @@ def chaos(procs: int, kills: int, steps: int, data: Path, root: Path, rng: rando
     ref_w, got_w = final_weights(ref), final_weights(work)
     identical = ref_w.keys() == got_w.keys() and all(torch.equal(ref_w[k], got_w[k]) for k in ref_w)
     takeovers = (work / "attempts.log").read_text().count("taking over the lock")
-    return {"procs": procs, "kills": len(events), "stale_lock_takeovers": takeovers, "hits": dict(Counter(f"{e.get('mode', '-')}/{e['hit']}" for e in events)),
+    hits = dict(Counter(f"{e['mode']}/{e['hit']}" for e in events))
+    return {"procs": procs, "kills": len(events), "stale_lock_takeovers": takeovers, "hits": hits,
             "refused_restarts": refused, "max_quiet_after_launcher_kill_s": max(
                 (e["quiet_s"] for e in events if e.get("mode") == "launcher"), default=None),
             "left_after_kill": sum(len(e.get("left", [])) for e in events), "left_at_end": len(alive(pids)),

@@ -87,13 +87,15 @@ def test_a_live_lock_refuses_a_second_writer_and_a_dead_ones_lock_is_taken_over(
     other.wait()
     warnings = []
     me = runlock.hold(path, "r", "train.py", warn=warnings.append)
-    assert warnings == [f"run r: taking over the lock {path} left by pid {other.pid} (train.py) on {HOST}, no longer running"]
+    assert warnings == [f"run r: taking over the lock {path} left by pid {other.pid} (train.py) on {HOST}, "
+                        "no longer running"]
     assert [h["pid"] for h in lock_holders_at(path)] == [os.getpid()]
     runlock.release(path, me)
     assert not path.parent.exists()  # the last holder removes it (and the .locks folder, now empty)
 
 
-RACE = "import sys, time\nfrom utils import runlock\ntry:\n    runlock.hold(runlock.lock_path(sys.argv[1], 'r'), 'r', 'train.py')\n" \
+RACE = "import sys, time\nfrom utils import runlock\ntry:\n" \
+       "    runlock.hold(runlock.lock_path(sys.argv[1], 'r'), 'r', 'train.py')\n" \
        "except runlock.RunLocked:\n    sys.exit(2)\ntime.sleep(3)\n"
 
 
@@ -111,13 +113,15 @@ def lock_holders_at(path: Path) -> list[dict]:
 
 def test_two_launchers_at_once_one_wins_the_other_exits_2_before_the_launch(tmp_path, tiny_data):
     cmds = [launcher_cmd(tmp_path, tiny_data, 1, "--max-steps", "3") for _ in range(2)]
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launcher_env()) for c in cmds]
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launcher_env())
+             for c in cmds]
     results = sorted(((*p.communicate(timeout=300), p.returncode) for p in procs), key=lambda r: r[2])
     results = [(code, out, err) for out, err, code in results]
     (won, won_out, won_err), (lost, lost_out, lost_err) = results
     assert won == 0, won_err
     assert lost == 2 and lost_err.count("\n") == 1 and "Traceback" not in lost_err, lost_err
-    assert lost_err.startswith("error: run r is still being written by pid ") and f"(start_training.sh) on {HOST}" in lost_err
+    assert lost_err.startswith("error: run r is still being written by pid ")
+    assert f"(start_training.sh) on {HOST}" in lost_err
     assert "under accelerate launch" not in lost_out  # refused in the preflight: nothing was launched
     assert "accelerate.commands.launch" not in won_out  # a line unsafe to Ctrl-C by hand is not offered
     assert not (tmp_path / "ckpt" / ".locks").exists()  # the winner gave the lock back on exit
@@ -225,8 +229,8 @@ def test_a_stop_whose_peer_hangs_ends_within_the_grace():
 
 
 def test_a_process_bound_to_its_launcher_gets_sigterm_when_the_launcher_is_killed():
-    launcher = subprocess.Popen(["bash", "-c", f'"{sys.executable}" "{REPO}/utils/lifeline.py" $$ sleep 60 & echo $!; wait'],
-                                stdout=subprocess.PIPE, text=True)
+    bound = f'"{sys.executable}" "{REPO}/utils/lifeline.py" $$ sleep 60 & echo $!; wait'
+    launcher = subprocess.Popen(["bash", "-c", bound], stdout=subprocess.PIPE, text=True)
     child = int(launcher.stdout.readline())
     time.sleep(0.5)  # bound by now
     launcher.kill()

@@ -130,7 +130,8 @@ def hold(path: Path, run: str, role: str, pid: int | None = None, warn=None) -> 
         if holders and not joining:
             live = [h for h in holders if h.alive() is not False]
             if live:
-                elsewhere = " (another host: delete the lock if that run is gone)" if any(h.alive() is None for h in live) else ""
+                elsewhere = any(h.alive() is None for h in live)
+                elsewhere = " (another host: delete the lock if that run is gone)" if elsewhere else ""
                 raise RunLocked(f"run {run} is still being written by {_describe(live)} (lock {path}{elsewhere}); "
                                 "stop it first, or wait for its save to finish")
             warn(f"run {run}: taking over the lock {path} left by {_describe(holders)}, no longer running")
