@@ -131,7 +131,8 @@ def test_two_launchers_at_once_one_wins_the_other_exits_2_before_the_launch(tmp_
 
 def test_launcher_killed_the_run_saves_and_stops_and_a_restart_meanwhile_is_refused(tmp_path, tiny_data):
     cmd = launcher_cmd(tmp_path, tiny_data, 2, "--max-steps", "100000", "--grace-seconds", "20")
-    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=launcher_env())
+    err = open(tmp_path / "first.err", "w+")  # a file: an unread pipe would fill up and block the run's output
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=launcher_env())
     pids = wait_for("two ranks training", lambda: training(tmp_path, 2))
     assert pids[0] == first.pid
     again = subprocess.run([*cmd, "--resume", "auto"], capture_output=True, text=True, env=launcher_env(), timeout=300)
@@ -145,7 +146,7 @@ def test_launcher_killed_the_run_saves_and_stops_and_a_restart_meanwhile_is_refu
         time.sleep(0.1)
     log = (tmp_path / "logs" / "r" / "training.log").read_text()
     assert time.monotonic() - killed < 20 + 1, (  # within the grace
-        [p for p in pids if alive(p)], log[-2000:], first.stderr.read()[-2000:])
+        [p for p in pids if alive(p)], log[-2000:], (tmp_path / "first.err").read_text()[-2000:])
     step = int(log.split("SIGTERM received: saving step ")[1].split()[0])
     assert ckpt.check_complete(tmp_path / "ckpt" / "r" / ckpt.step_dir_name(step)) is None
     assert "SIGTERM received; stopped cleanly" in log

@@ -105,9 +105,14 @@ class GraceDeadline:
                     self._signalled_at = time.monotonic()
             start = self._started()
             if start is not None and time.monotonic() - start >= self.stop.grace_seconds and not self._done.is_set():
-                os.write(2, (f"error: the clean stop did not finish within --grace-seconds {self.stop.grace_seconds:g} "
-                             "(a peer process is gone or stuck); exiting without it: the last complete checkpoint "
-                             "stays\n").encode())
+                err = os.dup(2)
+                os.set_blocking(err, False)  # a full stderr pipe (nobody reads it any more) must not hold the exit
+                try:
+                    os.write(err, (f"error: the clean stop did not finish within --grace-seconds "
+                                   f"{self.stop.grace_seconds:g} (a peer process is gone or stuck); exiting without it: "
+                                   "the last complete checkpoint stays\n").encode())
+                except OSError:
+                    pass
                 os._exit(GRACE_EXCEEDED_EXIT)
 
 
