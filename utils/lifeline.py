@@ -109,8 +109,8 @@ class GraceDeadline:
                 os.set_blocking(err, False)  # a full stderr pipe (nobody reads it any more) must not hold the exit
                 try:
                     os.write(err, (f"error: the clean stop did not finish within --grace-seconds "
-                                   f"{self.stop.grace_seconds:g} (a peer process is gone or stuck); exiting without it: "
-                                   "the last complete checkpoint stays\n").encode())
+                                   f"{self.stop.grace_seconds:g} (a peer process is gone or stuck); exiting without "
+                                   "it: the last complete checkpoint stays\n").encode())
                 except OSError:
                     pass
                 os._exit(GRACE_EXCEEDED_EXIT)
