@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from utils import checkpoint as ckpt  # noqa: E402
+from utils import ckpt  # noqa: E402
 from utils.runlock import start_time  # noqa: E402
 
 TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set", "model.num_heads=4", "--set",
@@ -135,7 +135,7 @@ def finish(work: Path, data: Path, procs: int, steps: int) -> tuple[int, int]:
 def final_weights(work: Path) -> dict:
     from safetensors.torch import load_file
 
-    return load_file(work / "ckpt" / "r" / "final" / "model.safetensors")
+    return load_file(work / "ckpt" / "r" / "final" / ckpt.WEIGHTS_FILE)
 
 
 def losses(work: Path) -> dict[int, float]:

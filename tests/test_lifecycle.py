@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.test_preemption import start_two_ranks
-from utils import checkpoint as ckpt
+from utils import ckpt
 from utils import runlock
 
 TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set", "model.num_heads=4", "--set",

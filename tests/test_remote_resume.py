@@ -6,17 +6,16 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import REPO
 from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils import checkpoint as ckpt
+from utils import ckpt
 from utils.errors import PiconeoxError
-from utils.remote_checkpoint import latest_complete_step, remote_steps
-from utils.resume import candidates, fetch
+from utils.ckpt.remote import latest_complete_step, remote_steps
+from utils.ckpt.resume import candidates, fetch
 from utils.storage import open_storage
 
 

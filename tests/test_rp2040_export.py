@@ -11,9 +11,9 @@ from rp2040.export import Vocab, export
 from rp2040.runtime.gpt import GPT
 from rp2040.runtime.modelfile import FormatError
 from rp2040.runtime.tokenizer import StreamDecoder, Tokenizer
-from utils import checkpoint as ckpt
+from utils import ckpt
 from utils.errors import PiconeoxError
-from utils.tokenizers import build_tokenizer, save_tokenizer
+from utils.data.tokenizers import build_tokenizer, save_tokenizer
 
 REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
 # Not a preset: untied head, sequential residual, half of each head rotary (4 of 8 dims).
@@ -98,7 +98,7 @@ def test_checkpoint_forms(tmp_path):
         export(step, tmp_path / "a")
     ckpt.write_marker(step, 100, 1, ckpt.manifest(step, [p.name for p in step.iterdir()]))
     assert export(step, tmp_path / "a")["source"] == str(step)
-    with pytest.raises(PiconeoxError, match="holds no model"):
+    with pytest.raises(PiconeoxError, match="run folder without best/ or final/: give one of its steps"):
         export(tmp_path / "run", tmp_path / "b")
     _save(model, tmp_path / "run" / "final")
     _save(model, tmp_path / "run" / "best")

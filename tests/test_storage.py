@@ -1,4 +1,4 @@
-"""utils/storage.py against real servers on 127.0.0.1 and a local directory, through the official client."""
+"""utils/storage/ against real servers on 127.0.0.1 and a local directory, through the official client."""
 import json
 import logging
 import os
@@ -12,7 +12,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from utils.errors import PiconeoxError
-from utils.storage import ObjectExists, StorageError, UPLOAD_CHUNK_SIZE, open_storage, safe_relpath
+from utils.storage import ObjectExists, StorageError, open_storage, safe_relpath
+from utils.storage.gcs import UPLOAD_CHUNK_SIZE
 
 
 @pytest.mark.parametrize("name", ["a.npy", "train/shard-0001.npy", "x..y/z", "dir.v2/.hidden"])
