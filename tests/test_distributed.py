@@ -240,6 +240,6 @@ def test_launcher_syncs_gs_data_once_per_machine_before_the_launch(tmp_path, tin
     upload_tree(tiny_data, open_storage(gcs_emulator.url("data/tiny"), timeout_s=5), progress=False)
     _, proc = launch(tmp_path, gcs_emulator.url("data/tiny"), 2, 4, "--max-steps", "2")
     local = f"data/gcs-cache/{socket.gethostname()}/{gcs_emulator.bucket}/data/tiny"
-    assert f"data synced to {local}; running:" in proc.stdout
+    assert f"data synced to {local}\n" in proc.stdout
     assert f"data {local} (vocab 256" in (tmp_path / "logs" / "run" / "training.log").read_text()
     assert (tmp_path / local / "manifest.json").is_file()
