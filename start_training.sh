@@ -11,7 +11,8 @@ usage: ./start_training.sh --config NAME [--gpus N] [--procs N] [--resume X] [--
                            [--num-machines N --machine-rank R --main-process-ip IP [--main-process-port P]]
                            [--accelerate-config FILE] [--dry-run] [-- extra train.py flags]
 
-Runs train.py under `accelerate launch` and prints the exact line first.
+Runs train.py under `accelerate launch` (--dry-run prints that command; start runs with this script,
+which stops them cleanly: Ctrl-C on the bare command gives a traceback while the trainers still save).
 
   --config NAME            preset (train.py lists the valid ones)
   --gpus N                 GPUs per machine; 0 = CPU. Default: every GPU torch sees (CPU when none).
@@ -36,10 +37,12 @@ Runs train.py under `accelerate launch` and prints the exact line first.
   -h, --help               this text
 
 Everything after `--` is appended to train.py's flags verbatim.
-Ctrl-C / SIGTERM are forwarded to every training process: each saves, flushes its uploads and exits,
-and this script waits for them and exits 0 after a clean stop (a second Ctrl-C stops at once). With
-several processes torchrun kills workers still running TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds later
-(default here 120; keep it above train.py's --grace-seconds).
+Ctrl-C / SIGTERM / SIGHUP (a closed terminal) are forwarded to every training process: each saves,
+flushes its uploads and exits, and this script waits for them and exits 0 after a clean stop (a second
+Ctrl-C stops at once). For a run that must outlive the terminal use tmux, nohup or systemd. If this
+script is killed outright (SIGKILL), the training processes get SIGTERM at once and stop the same way;
+none outlives it by more than --grace-seconds. One run per name: a second start of a run that is still
+running (or still saving) exits 2 before the launch (lock: <output-dir>/.locks/<run>.lock).
 
 With --num-machines > 1, GLOO_SOCKET_IFNAME is set to the interface that routes to --main-process-ip
 (unless already set), so the checkpoint and stop-vote gloo groups reach the other machines. On GPUs
@@ -202,25 +205,43 @@ fi
 [ -n "$port" ] && launch+=(--main_process_port "$port")
 
 cmd=("$PY" -m accelerate.commands.launch "${launch[@]}" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}")
-line=$(printf '%q ' "${envs[@]}" "${cmd[@]}")
-echo "${line% }"
-[ "$dry_run" -eq 1 ] && exit 0
+if [ "$dry_run" -eq 1 ]; then
+  line=$(printf '%q ' "${envs[@]}" "${cmd[@]}")
+  echo "${line% }"
+  exit 0
+fi
+
+# One run per name: the preflight takes the run's lock in this script's name (utils/runlock.py), the training
+# processes join it, and it is removed once this script and all of them are gone (on every exit path).
+export PICONEOX_RUN_LOCK_OWNER=$$
+if [ "$machines" -gt 1 ]; then export PICONEOX_MACHINE_RANK=$rank; fi
+lock_note=$(mktemp "${TMPDIR:-/tmp}/piconeox-lock.XXXXXX")
+release_lock() {
+  local lock
+  lock=$(cat "$lock_note" 2>/dev/null || true)
+  if [ -n "$lock" ]; then PYTHONPATH="$ROOT" "$PY" -m utils.runlock release "$lock" $$ || true; fi
+  rm -f "$lock_note"
+}
+trap release_lock EXIT
 
 # Bad settings, a missing dataset or resume path, bad gs:// settings: one line from train.py now, not a
 # traceback from the launcher after the workers started. A gs:// --data is synced here, once per machine and
 # outside any process group (no rank waits on it); the preflight prints the local folder the run then reads.
-synced=$("$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --preflight) || exit $?
+synced=$(PICONEOX_RUN_LOCK_NOTE=$lock_note "$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --preflight) \
+  || exit $?
 if [ -n "$synced" ]; then
   cmd+=(--data "$synced")
-  echo "data synced to $synced; running: $(printf '%q ' "${envs[@]}" "${cmd[@]}")"
+  echo "data synced to $synced"
 fi
+echo "start_training.sh: $total training process(es) under accelerate launch (--dry-run prints the command)"
 
 # Run as a child in its own process group, so a terminal's Ctrl-C reaches only this script, and forward
-# Ctrl-C/SIGTERM to the training processes themselves (the launcher's children): each saves and exits 0,
-# and the launcher then exits 0 too. Signalled itself, accelerate's launcher would die at once with a
-# traceback (or torchrun would report the workers as failed) while train.py is still saving.
+# Ctrl-C/SIGTERM/SIGHUP to the training processes themselves (the launcher's children): each saves and exits
+# 0, and the launcher then exits 0 too. Signalled itself, accelerate's launcher would die at once with a
+# traceback (or torchrun would report the workers as failed) while train.py is still saving. utils/lifeline.py
+# binds accelerate to this script (SIGTERM when it dies, e.g. by SIGKILL), and each train.py to accelerate.
 set -m
-env "${envs[@]}" "${cmd[@]}" &
+"$PY" "$ROOT/utils/lifeline.py" $$ env "${envs[@]}" "${cmd[@]}" &
 child=$!
 # The pids whose parent is $1, read from /proc (slim images have no pgrep).
 children_of() {
@@ -233,8 +254,10 @@ children_of() {
 }
 forward() {
   local workers
+  # SIGHUP: the terminal is gone and writing to it would fail; the run's training.log keeps everything.
+  if [ "$1" = HUP ] && [ -c "/proc/$$/fd/2" ]; then exec >/dev/null 2>&1 </dev/null; fi
   workers=$(children_of "$child")
-  echo "start_training.sh: SIG$1: asking the run to save and stop (a second Ctrl-C stops at once)" >&2
+  echo "start_training.sh: SIG$1: asking the run to save and stop (a second Ctrl-C stops at once)" >&2 || true
   if [ -n "$workers" ]; then
     kill -s "$1" $workers 2>/dev/null || true
   else  # not started yet: nothing to save
@@ -243,6 +266,7 @@ forward() {
 }
 trap 'forward INT' INT
 trap 'forward TERM' TERM
+trap 'forward HUP' HUP
 status=0
 while true; do
   wait "$child" && status=0 || status=$?

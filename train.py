@@ -110,7 +110,7 @@ def with_init_from(cfg):
 def preflight(cfg, pretrained) -> Path | None:
     """Before the launch, no GPU: check output folders, --data, --init-from, --resume and gs:// credentials
     (configs/run.py checked the rest), then sync a gs:// --data into this machine's cache and return that folder."""
-    from utils import ckpt
+    from utils import ckpt, runlock
     from utils.ckpt.resume import check_new_run
     from utils.data.shards import verify_dataset
     from utils.data.source import DATA_CACHE, check_data_arg, ensure_local
@@ -119,14 +119,16 @@ def preflight(cfg, pretrained) -> Path | None:
         dataset = verify_dataset(local)  # hashes the shards on first use; the launched run then finds them cached
         if pretrained:
             pretrained.check_dataset(local, dataset.tokenizer_sha256)
-    check_new_run(cfg.run.resume, *run_dirs(cfg)[1:])
     s = cfg.run
-    if s.credentials or any(u and u.startswith("gs://") for u in (cfg.train.data, s.checkpoint_bucket, s.resume)):
-        from utils.storage.gcs import resolve_credentials  # the Google clients only where gs:// is used
+    name, run_dir, log_dir = run_dirs(cfg)
+    with runlock.for_launcher(s.output_dir, name):  # held for the whole run unless a check here refuses it
+        check_new_run(s.resume, run_dir, log_dir)
+        if s.credentials or any(u and u.startswith("gs://") for u in (cfg.train.data, s.checkpoint_bucket, s.resume)):
+            from utils.storage.gcs import resolve_credentials  # the Google clients only where gs:// is used
 
-        resolve_credentials(s.credentials)  # the key loads; no bucket is read
-    if s.resume and s.resume != "auto" and not s.resume.startswith("gs://"):
-        ckpt.find_checkpoint(s.resume, resume=True, flag="--resume ", warn=lambda _: None)
+            resolve_credentials(s.credentials)  # the key loads; no bucket is read
+        if s.resume and s.resume != "auto" and not s.resume.startswith("gs://"):
+            ckpt.find_checkpoint(s.resume, resume=True, flag="--resume ", warn=lambda _: None)
     if cfg.train.data.startswith("gs://"):
         return ensure_local(cfg.train.data, DATA_CACHE, s.credentials)
     return None
@@ -169,12 +171,13 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
 
     from configs.model import build_model, count_parameters
     from configs.plan import model_flops_per_token, use_activation_checkpointing
-    from utils import ckpt
+    from utils import ckpt, runlock
     from utils.ckpt import partials, resume
     from utils.ckpt.uploader import open_uploader
     from utils.data.source import local_dataset, make_loaders
     from utils.data.tokenizers import load_tokenizer
     from utils.distributed import compile_layers, describe, make_accelerator, weights_come_from_rank0
+    from utils.lifeline import GraceDeadline
     from utils.lm import auto_micro_batch
     from utils.metrics import MetricsWriter, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
@@ -196,11 +199,14 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     train_loader, val_loader = make_loaders(data_dir, tc, accelerator)
     cfg = replace(cfg, model=cfg.model.with_vocab(train_loader.vocab_size)).validate()
     name, run_dir, log_dir = run_dirs(cfg)
+    runlock.hold_for_run(cleanup, s.output_dir, name, accelerator)  # every process, for as long as it writes
     resume.claim_run_dirs(s.resume, run_dir, log_dir, accelerator.is_main_process)
     log = setup_logging(log_dir / "training.log", accelerator.is_main_process)
     metrics = MetricsWriter(log_dir, accelerator.is_main_process, parse_report_to(s.report_to))
     cleanup.callback(metrics.close)  # on every exit path: flush TensorBoard, finish the W&B run
     stop = StopRequest(s.grace_seconds)
+    cleanup.enter_context(GraceDeadline(stop))  # a stop that cannot finish (a peer gone) ends after the grace
+    cleanup.enter_context(stop)  # from here SIGTERM/SIGINT/SIGHUP only ask for a clean stop (at the first micro-step)
     uploader = cleanup.enter_context(open_uploader(s, tc.keep_last, name, accelerator))
     # Where to resume (rank 0 decides, before anything heavy is built, so a bad path fails fast).
     resume_from = resume.agree(accelerator, s.resume, run_dir, uploader.store,
@@ -459,7 +465,6 @@ def run(args) -> int:
         return 0
     with contextlib.ExitStack() as cleanup:
         r = setup(cfg, pretrained, cleanup, auto_batch=args.micro_batch_size == "auto")
-        cleanup.enter_context(r.stop)  # SIGTERM/SIGINT now only ask for a clean stop
         # Automatic gc would run at a different moment on every rank, and the others wait for it in the next
         # collective: the loop collects at the same steps everywhere instead (torchtitan does the same).
         gc.disable()
@@ -473,5 +478,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from utils.lifeline import bind_worker
+
+    bind_worker()  # SIGTERM (a clean stop) when the process that started this one dies
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.exit(main())

@@ -210,6 +210,7 @@ def stop(signum, frame):  # like train.py: a save that takes a moment, then a cl
     sys.exit(0)
 signal.signal(signal.SIGTERM, stop)
 signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGHUP, stop)
 if "--distributed" in sys.argv:
     from accelerate import Accelerator
     acc = Accelerator()
@@ -237,12 +238,13 @@ num_processes: 1
 
 @pytest.fixture
 def sandbox(tmp_path):
-    """A launcher copy whose train.py is the stand-in; .venv and configs/ link to the repo's, and HF_HOME
+    """A launcher copy whose train.py is the stand-in; .venv, configs/ and utils/ link to the repo's, and HF_HOME
     holds a stale accelerate default config the launcher must not be affected by."""
     (tmp_path / "start_training.sh").write_text(LAUNCHER.read_text())
     (tmp_path / "train.py").write_text(STAND_IN)
     (tmp_path / ".venv").symlink_to(REPO / ".venv")
     (tmp_path / "configs").symlink_to(REPO / "configs")
+    (tmp_path / "utils").symlink_to(REPO / "utils")
     (tmp_path / "hf" / "accelerate").mkdir(parents=True)
     (tmp_path / "hf" / "accelerate" / "default_config.yaml").write_text(STALE_DEFAULT_CONFIG)
     (tmp_path / "out").mkdir()
@@ -265,7 +267,8 @@ def test_procs_2_really_starts_two_ranks_in_one_process_group(sandbox):
     assert [r.read_text() for r in ranks] == ["0 2 cpu 2 1", "1 2 cpu 2 1"]
 
 
-@pytest.mark.parametrize("sig,procs", [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGTERM, 2)])
+@pytest.mark.parametrize("sig,procs", [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGHUP, 1), (signal.SIGTERM, 2),
+                                       (signal.SIGHUP, 2)])
 def test_signal_reaches_the_training_processes_and_the_launcher_waits_for_their_clean_exit(sandbox, sig, procs):
     proc = start(sandbox, "--gpus", "0", "--procs", str(procs))
     pid_files = [sandbox / "out" / f"pid-{rank}" for rank in range(procs)]

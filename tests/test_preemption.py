@@ -60,8 +60,8 @@ torch.distributed.destroy_process_group()  # without it gloo may abort at exit w
 """
 
 
-def two_ranks(mode: str) -> list[dict]:
-    """RANKS_SCRIPT on two gloo ranks; each rank's report, rank 0 first."""
+def start_two_ranks(script: str, *args: str) -> list[subprocess.Popen]:
+    """`script` as two gloo ranks of one process group (rank 0 first), with piped text output."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -69,8 +69,14 @@ def two_ranks(mode: str) -> list[dict]:
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-        procs.append(subprocess.Popen([sys.executable, "-c", RANKS_SCRIPT, mode], cwd=REPO, env=env,
+        procs.append(subprocess.Popen([sys.executable, "-c", script, *args], cwd=REPO, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def two_ranks(mode: str) -> list[dict]:
+    """RANKS_SCRIPT on two gloo ranks; each rank's report, rank 0 first."""
+    procs = start_two_ranks(RANKS_SCRIPT, mode)
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     return sorted((json.loads(out.strip().splitlines()[-1]) for out, _ in outs), key=lambda r: r["rank"])
