@@ -177,7 +177,9 @@ launch+=(--dynamo_backend no)
 [ -z "$port" ] && [ "$machines" -eq 1 ] && [ "$total" -gt 1 ] && port=0
 [ -n "$port" ] && launch+=(--main_process_port "$port")
 
-cmd=("$PY" -m accelerate.commands.launch "${launch[@]}" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}")
+# utils/launch.py is `accelerate launch` (same flags) that exits with the run's own code (2 refused, 3 not uploaded)
+# and prints a failed worker's one `error:` line instead of accelerate's exit 1 or torchrun's traceback.
+cmd=("$PY" "$ROOT/utils/launch.py" "${launch[@]}" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}")
 line=$(printf '%q ' "${envs[@]}" "${cmd[@]}")
 echo "${line% }"
 [ "$dry_run" -eq 1 ] && exit 0
@@ -185,7 +187,7 @@ echo "${line% }"
 # Bad settings, a missing dataset or resume path, bad gs:// settings: one line from train.py now, not a
 # traceback from the launcher after the workers started. A gs:// --data is synced here, once per machine and
 # outside any process group (no rank waits on it); the preflight prints the local folder the run then reads.
-synced=$("$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --preflight) || exit $?
+synced=$("$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --preflight --processes "$total") || exit $?
 if [ -n "$synced" ]; then
   cmd+=(--data "$synced")
   echo "data synced to $synced; running: $(printf '%q ' "${envs[@]}" "${cmd[@]}")"

@@ -18,8 +18,9 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from utils.atomic import check_writable_dir
+from utils import exit_status
 from utils.errors import CliParser, PiconeoxError
+from utils.run_folders import RunClaim, check_new_run
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,6 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "sync a gs:// --data into data/gcs-cache/<host>/ and print that folder, then exit (start_training.sh "
                    "runs this first, once per machine: a mistake costs one line, and no rank waits for a download)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan (default 1)")
+    p.add_argument("--processes", type=int, metavar="N", help="with --preflight: the training processes the launch starts "
+                   "(the global batch must divide over them; start_training.sh passes it)")
     p.add_argument("--no-background-upload", action="store_true", help="write and upload checkpoints synchronously")
     p.add_argument("--checkpoint-bucket", metavar="URL", help="also upload checkpoints to URL/<run>/step-XXXXXXXX/ (gs://bucket/prefix or a directory)")
     p.add_argument("--credentials", metavar="FILE", help="service-account JSON key for gs:// (default: GOOGLE_APPLICATION_CREDENTIALS or gcloud login)")
@@ -151,18 +154,6 @@ def run_dirs(args, cfg) -> tuple[str, Path, Path]:
     return run, Path(args.output_dir) / run, Path(args.log_dir) / run
 
 
-def check_new_run(args, run_dir: Path, log_dir: Path) -> None:
-    """A run without --resume never writes into an earlier run's folders (its best/ and logs would be lost)."""
-    check_writable_dir(run_dir, "--output-dir")
-    check_writable_dir(log_dir, "--log-dir")
-    if args.resume:
-        return
-    for folder in (run_dir, log_dir):
-        if folder.is_dir() and any(folder.iterdir()):
-            raise PiconeoxError(f"{folder} holds an earlier run: pass --resume auto to continue it, or --run-name NAME "
-                                "(after `--` for start_training.sh) to start a new one beside it")
-
-
 def prepare_data_dir(train_cfg, accelerator, credentials: str | None) -> Path:
     """The local dataset directory: `demo` is prepared on first use (one process per machine first); gs:// is
     synced here only by a single process: with more, start_training.sh syncs it before the launch."""
@@ -243,7 +234,11 @@ def preflight(args, cfg, pretrained) -> Path | None:
         if pretrained:
             pretrained.check_dataset(local, dataset.tokenizer_sha256)
     check_timeout(args.collective_timeout_minutes)
-    check_new_run(args, *run_dirs(args, cfg)[1:])
+    if args.processes is not None and args.processes < 1:
+        raise PiconeoxError(f"--processes {args.processes}: must be at least 1")
+    if args.processes and not args.resume and args.micro_batch_size != "auto":  # a resume keeps its checkpoint's batch
+        cfg.train.for_world(args.processes)
+    check_new_run(args.resume, *run_dirs(args, cfg)[1:])
     StopRequest(args.grace_seconds)  # validates the grace period
     CheckpointUploader.check_settings(bool(args.checkpoint_bucket), cfg.train.keep_last, args.max_upload_failures)
     check_gcs_settings(args, cfg)
@@ -252,6 +247,33 @@ def preflight(args, cfg, pretrained) -> Path | None:
     if cfg.train.data.startswith("gs://"):
         return ensure_local(cfg.train.data, DATA_CACHE, args.credentials)
     return None
+
+
+def main_decides(accelerator, check) -> None:
+    """Run `check` on the main process (it alone writes the run's folders and trackers) and raise its refusal on
+    every rank, so that no rank is left waiting for one that stopped."""
+    refusal = [None]
+    if accelerator.is_main_process:
+        try:
+            check()
+        except PiconeoxError as e:
+            refusal = [str(e)]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(refusal)
+    if refusal[0]:
+        raise PiconeoxError(refusal[0])
+
+
+def keep_earlier_best(run_dir: Path, log) -> None:
+    """`--resume auto` found no complete checkpoint, so this run starts fresh: an earlier attempt's best/ (a stop
+    before its first checkpoint) moves aside instead of being replaced at the first evaluation."""
+    best = run_dir / "best"
+    if best.is_dir():
+        kept = run_dir / time.strftime("best-earlier-%Y%m%d-%H%M%S", time.gmtime())
+        best.rename(kept)
+        log.warning(f"--resume auto starts fresh: the earlier attempt's {best} is kept as {kept}")
 
 
 def weights_come_from_rank0(accelerator) -> bool:
@@ -410,6 +432,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from utils.storage import open_storage
     from utils.sync import host_dir
     from utils.tokenizers import load_tokenizer
+    from utils.upload_report import closing_word
     from utils.uploader import CheckpointUploader, SaveRequest, UploadFailed
 
     tc = cfg.train
@@ -434,22 +457,11 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     cfg = RunConfig(cfg.preset, cfg.model.with_vocab(train_loader.vocab_size), tc).validate()
 
     run, run_dir, log_dir = run_dirs(args, cfg)
-    # Decided by the main process (it alone writes checkpoints) and shared, so no rank is left waiting.
-    refusal = [None]
+    main_decides(accelerator, lambda: check_new_run(args.resume, run_dir, log_dir))
+    claim = RunClaim(run_dir, log_dir)  # refused before the first step: what this attempt added goes again
     if is_main:
-        try:
-            check_new_run(args, run_dir, log_dir)
-        except PiconeoxError as e:
-            refusal = [str(e)]
-    if world > 1:
-        from accelerate.utils import broadcast_object_list
-
-        broadcast_object_list(refusal)
-    if refusal[0]:
-        raise PiconeoxError(refusal[0])
-    if is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        log_dir.mkdir(parents=True, exist_ok=True)
+        claim.make()
+        cleanup.push(lambda exc_type, *_: claim.release() if exc_type else None)  # after the writers below close
     log = setup_logging(log_dir / "training.log", is_main)
     metrics = MetricsWriter(log_dir, is_main, report_to)
     cleanup.callback(metrics.close)  # on every exit path: flush TensorBoard, finish the W&B run
@@ -530,8 +542,11 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
 
     saved_step = state.step  # the step of the newest full checkpoint handed to the uploader
     run_config = {**cfg.to_dict(), "data_tokenizer_sha256": tokenizer_sha256, "init_from": args.init_from}
-    metrics.start(state.step, {**run_config, "run": {"name": run, "data_dir": str(data_dir), "parameters": n_params,
-                                                     "world_size": world, "device": accelerator.device.type}})
+    main_decides(accelerator, lambda: metrics.start(state.step, {**run_config, "run": {
+        "name": run, "data_dir": str(data_dir), "parameters": n_params, "world_size": world, "device": accelerator.device.type}}))
+    claim.accept()  # every check passed: from here on the run's files stay
+    if is_main and args.resume == "auto" and not resume_from:
+        keep_earlier_best(run_dir, log)
 
     def save(folder: Path, weights_only: bool = False) -> None:
         """Only the copy of this rank's shard off the device blocks; the uploader threads write, upload, rotate."""
@@ -662,12 +677,15 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         sample = log_sample(accelerator.unwrap_model(model, keep_torch_compile=False), tokenizer, args.sample_prompt, tc.seed, log)
     uploader.close(timeout=stop.remaining())  # every rank's saver; no limit unless stopping on a signal
     check_uploads()
+    not_uploaded = None  # the exit-3 line when the run's newest checkpoint is not in the bucket
     if is_main:
         publish_final(last, run_dir / "final", consolidate=not preempted, log=log)
         metrics.save_history(log_dir / "history.json")
         metrics.plot(log_dir / "loss.png")
         log.info(f"stopped at step {state.step}: {stop_reason}; best val loss {state.best_val_loss:.4f}"
                  + (f"; peak GPU memory {torch.cuda.max_memory_allocated() / 1e9:.1f} GB" if cuda else ""))
+        if bucket is not None:
+            not_uploaded = closing_word(bucket, run_dir, args.checkpoint_bucket, args.credentials, log)
         log.info(f"checkpoints in {run_dir}, logs in {log_dir} ({shown_path(Path(sys.executable).parent / 'tensorboard')} "
                  f"--logdir {args.log_dir})")
         log.info(next_commands(cfg.preset, run_dir, stopped=stop.stopping))
@@ -676,6 +694,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         metrics.close()
     accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     accelerator.end_training()
+    if not_uploaded:
+        return exit_status.finish(exit_status.NOT_UPLOADED, not_uploaded)
     if uploader.fatal:
         raise UploadFailed(uploader.fatal)
     return 0
@@ -705,7 +725,9 @@ def next_commands(preset: str, run_dir: Path, stopped: bool) -> str:
     lines = ["next:"]
     if stopped:
         lines.append("  continue this run: the same command plus --resume auto")
-    lines.append(f"  {py} -m utils.generate {run_dir}/best --prompt \"Once upon a time\" --max-new-tokens 200")
+    sampled = next((run_dir / name for name in ("best", "final") if (run_dir / name).is_dir()), None)
+    if sampled is not None:  # a stop before the first evaluation has no best/ (nor final/ when its save failed)
+        lines.append(f"  {py} -m utils.generate {sampled} --prompt \"Once upon a time\" --max-new-tokens 200")
     if preset.startswith(("rp2040", "pico")):
         lines.append(f"  {py} -m rp2040.export {run_dir} --out models/{run_dir.name} --dtype int8   # then rp2040.run / rp2040.flash")
     return "\n".join(lines)
@@ -721,8 +743,7 @@ def main(argv=None) -> int:
         with contextlib.ExitStack() as cleanup:
             return train(args, cleanup)
     except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return exit_status.finish(exit_status.REFUSED, f"error: {e}")
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

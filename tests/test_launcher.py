@@ -29,11 +29,11 @@ def parse_line(line: str):
     while "=" in words[0]:
         key, _, value = words.pop(0).partition("=")
         envs[key] = value
-    assert words[1:3] == ["-m", "accelerate.commands.launch"], line
+    assert words[1].endswith("utils/launch.py"), line
     script = next(i for i, w in enumerate(words) if w.endswith("train.py"))
     from accelerate.commands.launch import launch_command_parser
 
-    launch = launch_command_parser().parse_args(words[3:script + 1])
+    launch = launch_command_parser().parse_args(words[2:script + 1])
     return envs, launch, words[script + 1:]
 
 

@@ -14,8 +14,6 @@ holds nothing: so each machine choosing from its own disk would start ranks at d
 """
 from __future__ import annotations
 
-import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -41,13 +39,6 @@ class ResumePoint:
     remote: str | None
 
 
-def remote_marker(store: Storage, step: int) -> dict:
-    """The COMPLETE marker of a remote step folder."""
-    with tempfile.TemporaryDirectory() as tmp:
-        store.child(ckpt.step_dir_name(step)).get(ckpt.MARKER, Path(tmp) / ckpt.MARKER)
-        return json.loads((Path(tmp) / ckpt.MARKER).read_text())
-
-
 def candidates(resume: str | None, run_dir: Path, bucket: Storage | None, credentials: str | None,
                timeout_s: float, warn: Callable[[str], object]) -> list[ResumePoint]:
     """Rank 0: the checkpoints to resume from, newest first; empty to start fresh (see the module docstring).
@@ -59,15 +50,16 @@ def candidates(resume: str | None, run_dir: Path, bucket: Storage | None, creden
         return []
     if resume.startswith("gs://"):
         store, step = remote.resolve_url(resume, credentials, timeout_s=timeout_s)
-        return [ResumePoint(step, remote_marker(store, step), None, store.url)]
+        return [ResumePoint(step, remote.remote_marker(store, step), None, store.url)]
     if resume != "auto":
         folder = ckpt.resolve_resume(Path(resume), warn)
         marker = ckpt.read_marker(folder)
         return [ResumePoint(int(marker["step"]), marker, str(folder), None)]
-    steps = {}
+    steps, verified = {}, None
     if bucket is not None:
         try:
             steps = remote.remote_steps(bucket)
+            verified = remote.newest_verified(bucket, steps, warn)  # a damaged newer step is skipped, as locally
         except PiconeoxError as e:
             warn(f"--resume auto: could not list {bucket.url}, using local checkpoints only: {e}")
     points = []
@@ -75,10 +67,8 @@ def candidates(resume: str | None, run_dir: Path, bucket: Storage | None, creden
     if local is not None:
         marker = ckpt.read_marker(local)
         points.append(ResumePoint(int(marker["step"]), marker, str(local), bucket.url if steps.get(marker["step"]) else None))
-    bucket_step = remote.latest_complete_step(steps)
-    if bucket_step is not None and not any(p.step == bucket_step for p in points):
-        points.append(ResumePoint(bucket_step, remote_marker(bucket, bucket_step),
-                                  str(Path(run_dir) / ckpt.step_dir_name(bucket_step)), bucket.url))
+    if verified is not None and not any(p.step == verified[0] for p in points):
+        points.append(ResumePoint(verified[0], verified[1], str(Path(run_dir) / ckpt.step_dir_name(verified[0])), bucket.url))
     return sorted(points, key=lambda p: -p.step)
 
 
