@@ -198,7 +198,7 @@ fi
 # and the launcher then exits 0 too. Signalled itself, accelerate's launcher would die at once with a
 # traceback (or torchrun would report the workers as failed) while train.py is still saving.
 set -m
-env "${envs[@]}" "${cmd[@]}" &
+env PICONEOX_PREFLIGHT_PASSED=1 "${envs[@]}" "${cmd[@]}" &  # the run does not repeat the preflight's warnings
 child=$!
 # The pids whose parent is $1, read from /proc (slim images have no pgrep).
 children_of() {

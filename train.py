@@ -227,6 +227,7 @@ def preflight(args, cfg, pretrained) -> Path | None:
     from utils.preemption import StopRequest
     from utils.shards import verify_dataset
     from utils.sync import ensure_local
+    from utils.trackers import check_wandb_login, parse_report_to
     from utils.uploader import CheckpointUploader
 
     if (local := check_data_arg(cfg.train)) is not None:
@@ -242,6 +243,8 @@ def preflight(args, cfg, pretrained) -> Path | None:
     StopRequest(args.grace_seconds)  # validates the grace period
     CheckpointUploader.check_settings(bool(args.checkpoint_bucket), cfg.train.keep_last, args.max_upload_failures)
     check_gcs_settings(args, cfg)
+    if "wandb" in parse_report_to(args.report_to):
+        check_wandb_login()  # caught here, not after the model is built
     if args.resume and args.resume != "auto" and not args.resume.startswith("gs://"):
         ckpt.resolve_resume(Path(args.resume), warn=lambda _: None)
     if cfg.train.data.startswith("gs://"):
@@ -634,7 +637,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         if logging_due:
             metrics.scalars(state.step, {
                 "train/loss": loss, "train/lr": lr, "train/grad_norm": float(grad_norm), "train/step_time_s": dt,
-                "train/tokens_per_s": tok_s, "train/tokens_per_s_per_device": tok_s / world,
+                "train/tokens_per_s": tok_s, "train/tokens_per_s_per_device": tok_s / world if world > 1 else None,
                 "train/mfu": mfu(tok_s / world, flops_per_token, peak), **gpu_stats()})
             log.debug(f"step {state.step} loss {loss:.6f} lr {lr:.3e}")
 
@@ -642,16 +645,17 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
             val = evaluate(model, val_loader, tc.eval_batches, accelerator, vote)
             if val is None:  # stopped inside the evaluation
                 break
-            metrics.scalars(state.step, {"val/loss": val, "val/perplexity": math.exp(min(val, 50))})
             improved = val < state.best_val_loss
             state.best_val_loss = min(val, state.best_val_loss)
+            metrics.scalars(state.step, {"val/loss": val, "val/perplexity": math.exp(min(val, 50)),
+                                         "val/best_loss": state.best_val_loss})
             state.evals_without_improvement = 0 if improved else state.evals_without_improvement + 1
             avg_tok_s = interval_tokens / interval_seconds  # since the last eval line, not just this step
             interval_tokens, interval_seconds = 0, 0.0
             util, gpu = mfu(avg_tok_s / world, flops_per_token, peak), gpu_stats()
             gpu_text = "n/a" if gpu["gpu/util_pct"] is None else f"{gpu['gpu/util_pct']:.0f}% busy, {gpu['gpu/mem_gb']:.1f} GB"
             log.info(f"step {state.step}: train loss {loss:.4f}, val loss {val:.4f}, perplexity {math.exp(min(val, 50)):.2f}, "
-                     f"{avg_tok_s:,.0f} tok/s ({avg_tok_s / world:,.0f} per device), MFU {f'{util:.1%}' if util else 'n/a'}, GPU {gpu_text}"
+                     f"{avg_tok_s:,.0f} tok/s{f' ({avg_tok_s / world:,.0f} per device)' if world > 1 else ''}, MFU {f'{util:.1%}' if util else 'n/a'}, GPU {gpu_text}"
                      + (" (best)" if improved else f" ({state.evals_without_improvement} eval(s) without improvement)"))
             if improved:
                 save(run_dir / "best", weights_only=True)
@@ -708,9 +712,19 @@ def log_sample(model, tokenizer, prompt: str, seed: int, log) -> str:
     """
     from utils.generate import sample_text
 
-    text = sample_text(model, tokenizer, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=seed)
+    text = readable(sample_text(model, tokenizer, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=seed),
+                    tokenizer.eos_token)
     log.info("sample:\n" + text)
     return text
+
+
+def readable(text: str, eos: str | None, width: int = 100) -> str:
+    """A sample as lines of at most `width` characters, each document on its own, `eos` on a line between them."""
+    import textwrap
+
+    parts = text.split(eos) if eos else [text]
+    documents = ["\n".join(textwrap.fill(line, width) for line in part.strip().splitlines()) for part in parts]
+    return f"\n{eos}\n".join(documents)
 
 
 def shown_path(path: Path) -> str:
