@@ -21,7 +21,7 @@ from typing import Callable
 from utils import checkpoint as ckpt
 from utils import remote_checkpoint as remote
 from utils.errors import PiconeoxError
-from utils.storage import Storage, open_storage
+from utils.storage import Storage, StorageError, open_storage
 
 
 @dataclass
@@ -49,8 +49,11 @@ def candidates(resume: str | None, run_dir: Path, bucket: Storage | None, creden
     if not resume:
         return []
     if resume.startswith("gs://"):
-        store, step = remote.resolve_url(resume, credentials, timeout_s=timeout_s)
-        return [ResumePoint(step, remote.remote_marker(store, step), None, store.url)]
+        try:
+            store, step = remote.resolve_url(resume, credentials, timeout_s=timeout_s)
+            return [ResumePoint(step, remote.remote_marker(store, step), None, store.url)]
+        except StorageError as e:  # unreachable, or credentials it refuses: name the flag
+            raise PiconeoxError(f"--resume {resume}: {e}") from None
     if resume != "auto":
         folder = ckpt.resolve_resume(Path(resume), warn)
         marker = ckpt.read_marker(folder)
