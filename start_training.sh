@@ -41,6 +41,10 @@ and this script waits for them and exits 0 after a clean stop (a second Ctrl-C s
 several processes torchrun kills workers still running TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds later
 (default here 120; keep it above train.py's --grace-seconds).
 
+With --num-machines > 1, GLOO_SOCKET_IFNAME is set to the interface that routes to --main-process-ip
+(unless already set), so the checkpoint and stop-vote gloo groups reach the other machines. On GPUs
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set unless PYTORCH_CUDA_ALLOC_CONF is already set.
+
 Test hooks: PICONEOX_FAKE_GPUS=N pretends N CUDA GPUs are visible (to check GPU lines on a CPU box);
 PICONEOX_CPU_FSDP=1 shards for real over gloo when an FSDP --accelerate-config runs on CPU (--procs N).
 EOF
@@ -57,7 +61,7 @@ ROOT=$(dirname "$0")
 PY=python3
 [ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"
 
-gpus="" procs="" machines="" rank="" ip="" port="" acc_config="" mp="" dry_run=0
+preset="" gpus="" procs="" machines="" rank="" ip="" port="" acc_config="" mp="" dry_run=0
 train_args=()
 while [ $# -gt 0 ]; do
   opt=$1
@@ -73,7 +77,7 @@ while [ $# -gt 0 ]; do
   esac
   val=$2
   case "$opt" in
-    --config|--resume|--max-steps|--data|--credentials) train_args+=("$opt" "$val") ;;
+    --config|--resume|--max-steps|--data|--credentials) train_args+=("$opt" "$val"); [ "$opt" = --config ] && preset=$val ;;
     --mixed-precision)
       [[ "$val" =~ ^(no|fp16|bf16)$ ]] || die "--mixed-precision '$val' is not allowed (allowed: no, fp16, bf16)"
       mp=$val; train_args+=(--mixed-precision "$val") ;;
@@ -138,6 +142,10 @@ total=$((per_machine * machines))
 
 # Always name a config file: without one, accelerate silently reads a leftover
 # ~/.cache/huggingface/accelerate/default_config.yaml (e.g. gpu_ids '0' breaks any multi-process run).
+# The 1.2B preset on several GPUs defaults to FSDP2 (README "Checking a GPU box": half the GPU memory of DDP,
+# one 5.7 GB model build per machine instead of one per GPU, no DDP graph splits under compile).
+[ -z "$acc_config" ] && [ "$preset" = production ] && [ "$gpus" -gt 0 ] && [ "$total" -gt 1 ] \
+  && acc_config="$ROOT/configs/accelerate/fsdp_production.yaml"
 user_config=$acc_config
 if [ -z "$acc_config" ] && [ "$total" -gt 1 ]; then
   acc_config="$ROOT/configs/accelerate/multi_gpu_ddp.yaml"
@@ -161,8 +169,11 @@ if [ "$gpus" -eq 0 ]; then
   else
     launch+=(--cpu)
   fi
-elif [ "$total" -gt 1 ] && [ -z "$user_config" ]; then
-  launch=(--multi_gpu "${launch[@]}")
+else
+  # GPUs: expandable segments let the allocator grow blocks instead of fragmenting across the varying
+  # shapes of compile, eval and save (fewer OOMs at the same peak). A setting of the user's wins.
+  [ -z "${PYTORCH_CUDA_ALLOC_CONF:-}" ] && envs+=("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+  [ "$total" -gt 1 ] && [ -z "$user_config" ] && launch=(--multi_gpu "${launch[@]}")
 fi
 # On a signal torchrun SIGKILLs its workers after TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s by default), which
 # can cut train.py's save-and-exit (--grace-seconds) short on a large model: give it room.
@@ -173,6 +184,17 @@ launch+=(--dynamo_backend no)
 # One process: a failing run has already printed its own one-line error; no launcher traceback after it.
 [ "$total" -eq 1 ] && launch+=(--quiet)
 [ "$machines" -gt 1 ] && launch+=(--machine_rank "$rank" --main_process_ip "$ip")
+# Several machines: the gloo groups (checkpoint savers, stop vote) must bind to the interface that reaches rank 0,
+# not to whatever the hostname resolves to (often 127.0.1.1). A GLOO_SOCKET_IFNAME the user set wins.
+if [ "$machines" -gt 1 ] && [ -z "${GLOO_SOCKET_IFNAME:-}" ]; then
+  ifname=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c \
+    'import sys; from utils.distributed import route_interface; print(route_interface(sys.argv[1]) or "")' "$ip")
+  if [ -n "$ifname" ]; then
+    envs+=("GLOO_SOCKET_IFNAME=$ifname")
+  else
+    echo "warning: no network interface routes to --main-process-ip $ip; set GLOO_SOCKET_IFNAME yourself" >&2
+  fi
+fi
 # One machine: port 0 lets accelerate pick a free port, so two runs (or test suites) on one box never collide.
 [ -z "$port" ] && [ "$machines" -eq 1 ] && [ "$total" -gt 1 ] && port=0
 [ -n "$port" ] && launch+=(--main_process_port "$port")

@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import gc
 import math
 import os
 import re
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 
 from utils import exit_status
@@ -50,7 +52,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--grace-seconds", type=float, default=30.0, metavar="S", help="on SIGTERM/SIGINT: save, flush uploads and exit 0 within S seconds (default 30)")
     p.add_argument("--collective-timeout-minutes", type=float, default=60.0, metavar="M",
                    help="how long a rank waits for the others in a collective before the run fails (default 60: "
-                        "covers a resume download or a synchronous save of the 1.2B preset)")
+                        "covers a resume download, the compile and a synchronous save of the 1.2B preset)")
+    p.add_argument("--step-timeout-minutes", type=float, default=10.0, metavar="M",
+                   help="the collective timeout from step 2 on, and the stop vote's (default 10): a hung rank "
+                        "idles the other GPUs this long, not --collective-timeout-minutes")
     p.add_argument("--init-from", metavar="PATH", help="start from a local GPT-NeoX checkpoint in Hugging Face format (a "
                    "downloaded Pythia, or checkpoints/<run>/final): its weights, tokenizer and model shape; fresh optimizer")
     p.add_argument("--report-to", default="tensorboard", metavar="T1,T2", help="trackers for every logged value: "
@@ -107,6 +112,7 @@ class TrainerState:
             setattr(self, k, math.inf if (k == "best_val_loss" and v is None) else v)
 
 
+GC_EVERY = 50  # steps between the training loop's garbage collections (automatic gc is off while it runs)
 DATA_CACHE = Path("data") / "gcs-cache"  # gs:// datasets land in DATA_CACHE/<host>/<bucket>/<prefix>
 
 
@@ -235,6 +241,7 @@ def preflight(args, cfg, pretrained) -> Path | None:
         if pretrained:
             pretrained.check_dataset(local, dataset.tokenizer_sha256)
     check_timeout(args.collective_timeout_minutes)
+    check_timeout(args.step_timeout_minutes, "--step-timeout-minutes", 10)
     if args.processes is not None and args.processes < 1:
         raise PiconeoxError(f"--processes {args.processes}: must be at least 1")
     if args.processes and not args.resume and args.micro_batch_size != "auto":  # a resume keeps its checkpoint's batch
@@ -426,7 +433,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from configs.model import count_parameters
     from configs.presets import RunConfig
     from utils import checkpoint as ckpt
-    from utils.distributed import describe, group_timeout, make_accelerator
+    from utils.distributed import describe, group_timeout, make_accelerator, shorten_timeout
     from utils.loader import BlockLoader
     from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
@@ -478,7 +485,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     # Every rank writes and uploads its own shard on its own thread; rank 0 completes each checkpoint.
     uploader = cleanup.enter_context(CheckpointUploader(
         bucket, keep_remote=tc.keep_last, keep_local=tc.keep_last, max_failures=args.max_upload_failures,
-        background=not args.no_background_upload, progress=is_main, group=ckpt.checkpoint_group(), rank=rank,
+        background=not args.no_background_upload, progress=is_main, rank=rank,
+        group=ckpt.checkpoint_group(timedelta(minutes=args.collective_timeout_minutes)),
         rotate_local=accelerator.is_local_main_process))
 
     # Resume target (decided before building anything heavy, so a bad path fails fast): rank 0 decides.
@@ -506,10 +514,15 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
              + (f", collective timeout {timeout.total_seconds() / 60:g} min" if (timeout := group_timeout(accelerator)) else ""))
     if is_main and (note := ckpt.grace_warning(n_params, world, args.grace_seconds, bucket is not None)):
         log.warning(note)
-    if not shapes_only:
+    # FSDP2: prepare() shards and places the weights; moving rank 0's full fp32 model onto its GPU first would
+    # cost 5.7 GB there at 1.2B, and a batch probe of that unsharded model measures the wrong memory.
+    sharded = accelerator.is_fsdp2
+    if not shapes_only and not sharded:
         model.to(accelerator.device)
     if args.micro_batch_size == "auto":
-        if cuda:  # ranks holding shapes only cannot probe: they leave the choice to the others
+        if cuda and sharded:
+            log.warning("--batch-size auto: FSDP2 cannot probe before sharding; using the preset's micro batch")
+        elif cuda:  # ranks holding shapes only cannot probe: they leave the choice to the others
             probed = 1 << 30 if shapes_only else find_micro_batch(model, tc.seq_len, accelerator)
             found = torch.tensor(-probed, device=accelerator.device)
             # the smallest over ranks (the loader's rank split needs one batch size everywhere) that divides the global batch
@@ -563,7 +576,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
                             scheduler, accelerator.scaler, train_loader, state, metrics,
                             run_config, tokenizer,
                             rank=rank, world_size=world, weights_only=weights_only)
-        log.debug(f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
+        (log.info if is_main else log.debug)(
+            f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
         if is_main or not weights_only:  # best/: the weights were gathered onto rank 0 only
             uploader.submit(SaveRequest(snap, folder, weights_only))
 
@@ -578,7 +592,9 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     flops_per_token = model_flops_per_token(cfg.model, tc.seq_len)
     peak = peak_flops(torch.cuda.get_device_name() if cuda else None, tc.mixed_precision)
     deadline = time.time() + tc.max_training_hours * 3600 - state.train_seconds if tc.max_training_hours else math.inf
-    vote = StopVote(stop, accelerator, deadline)  # signals on any rank, the time limit on rank 0's clock
+    # Signals on any rank, the time limit on rank 0's clock.
+    vote = StopVote(stop, accelerator, deadline, timedelta(minutes=args.step_timeout_minutes))
+    first_step = state.step + 1  # compiled and warmed up after this one: collectives get the short timeout
     batches = iter(train_loader)
     bar = ProgressBar(tc.max_steps, state.step, is_main)
     recent_losses: collections.deque[float] = collections.deque(maxlen=100)  # for the bar's running average
@@ -586,6 +602,10 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     interval_tokens, interval_seconds = 0, 0.0  # for the eval line's throughput
     stop_reason = "max steps reached"
     cleanup.enter_context(stop)  # SIGTERM/SIGINT now only ask for a clean stop
+    # Automatic gc runs whenever allocations pile up, at a different moment on every rank: the others then wait
+    # for it in the next collective. Collect at the same steps everywhere instead (torchtitan does the same).
+    gc.disable()
+    cleanup.callback(gc.enable)
     model.train()
     while state.step < tc.max_steps:
         t0 = time.time()
@@ -617,6 +637,13 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
         state.tokens_seen += tc.global_batch_tokens
         state.train_seconds += time.time() - t0
         bar.update(1)
+        if state.step % GC_EVERY == 0:
+            gc.collect(1)
+        if state.step == first_step and world > 1:
+            shorten_timeout(args.step_timeout_minutes)
+            log.info(f"collective timeout {group_timeout(accelerator).total_seconds() / 60:g} min from step "
+                     f"{first_step + 1} on (stop vote {group_timeout(accelerator, vote.group).total_seconds() / 60:g} "
+                     f"min, checkpoint savers {group_timeout(accelerator, uploader.group).total_seconds() / 60:g} min)")
         logging_due = state.step % tc.log_every == 0 or state.step == tc.max_steps
         eval_due = state.step % tc.eval_every == 0 or state.step == tc.max_steps
         save_due = state.step % tc.save_every == 0
@@ -664,6 +691,8 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
                 break
         if save_due:
             save(run_dir / ckpt.step_dir_name(state.step))
+        if eval_due or save_due:  # tokens/s and MFU count training steps, not the evaluation and save just done
+            window = (time.time(), state.step)
     bar.close()
     vote.close()
     preempted = vote.stopping and not vote.time_up  # a signal or upload failures: the grace budget applies

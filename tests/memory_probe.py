@@ -1,14 +1,17 @@
-"""Host memory of a sharded save and load, per rank; run under `accelerate launch` (tests/test_memory.py).
+"""Host memory of a save and load, per rank, under FSDP2 or DDP; run under `accelerate launch` (tests/test_memory.py).
 
-    memory_probe.py OUT_DIR DATA_DIR
+    memory_probe.py OUT_DIR DATA_DIR [NUM_LAYERS]
 
-A ~100M-parameter GPT-NeoX is built as train.py builds it, sharded with FSDP2 over gloo, trained one step (so
-AdamW has its states), saved like a checkpoint and loaded back. Each rank prints one JSON line: the resident
-memory its model build took, the peak extra resident memory of the save and of the load (VmHWM after a reset
-through /proc/self/clear_refs), and the sizes to compare them with.
+A ~100M-parameter GPT-NeoX is built as train.py builds it, sharded with FSDP2 (or replicated with DDP) over gloo,
+trained one step (so AdamW has its states), saved like a checkpoint through the saver thread and loaded back.
+Each rank prints one JSON line: the resident memory its model build took, the bytes it staged for the save, the
+peak extra resident memory of the save and of the load (VmHWM after a reset through /proc/self/clear_refs),
+whether the staged copy was freed once written, and the sizes to compare them with.
 """
 import json
 import sys
+import weakref
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -19,6 +22,7 @@ from utils import checkpoint as ckpt
 from utils.distributed import make_accelerator
 from utils.optim import build_optimizer
 from utils.tokenizers import load_tokenizer
+from utils.uploader import CheckpointUploader, SaveRequest
 
 MB = 1 << 20
 
@@ -38,9 +42,10 @@ def peak() -> int:
 
 
 out, data = Path(sys.argv[1]), Path(sys.argv[2])
+layers = int(sys.argv[3]) if len(sys.argv) > 3 else 14  # 14: ~100M parameters
 accelerator = make_accelerator("no", False, 10)
 rank = accelerator.process_index
-cfg = ModelConfig(hidden_size=768, num_layers=14, num_heads=12, intermediate_size=3072, max_position_embeddings=64,
+cfg = ModelConfig(hidden_size=768, num_layers=layers, num_heads=12, intermediate_size=3072, max_position_embeddings=64,
                   vocab_size=256)
 import transformers.models.gpt_neox.modeling_gpt_neox  # noqa: E402,F401 (imports are not the model's memory)
 from accelerate import init_empty_weights  # noqa: E402,F401
@@ -60,18 +65,24 @@ unwrapped = accelerator.unwrap_model(model)
 folder = out / "step-00000001"
 base = reset_peak()
 snap = ckpt.Snapshot(step=1, rank=rank, world_size=accelerator.num_processes,
-                     state=ckpt.stage(ckpt.sharded_state(unwrapped, optimizer.optimizer)), weights=None,
+                     state=ckpt.staged_share(unwrapped, optimizer.optimizer, rank, accelerator.num_processes), weights=None,
                      rng=ckpt.rng_state(), hf_config=unwrapped.config, tokenizer=load_tokenizer(data),
                      common={"scheduler": {}, "scaler": None, "loader": {}, "trainer": {}, "metrics": {}, "run_config": {}})
-ckpt.write_shards(snap, folder, ckpt.checkpoint_group())
-save = peak() - base
+staged = sum(ckpt.tensor_bytes(t) for _, t in ckpt.tensor_leaves(snap.state))
+one_staged = weakref.ref(next(ckpt.tensor_leaves(snap.state))[1])
+uploader = CheckpointUploader(None, keep_local=1, progress=False, group=ckpt.checkpoint_group(timedelta(minutes=10)), rank=rank)
+uploader.submit(SaveRequest(snap, folder))
 del snap
+uploader.flush()
+save = peak() - base
+freed = one_staged() is None  # the saver thread holds no staged copy once its write is done
+uploader.close()
 accelerator.wait_for_everyone()
 
 base = reset_peak()
 ckpt.load_sharded(folder, unwrapped, optimizer.optimizer)
 load = peak() - base
-print(json.dumps({"rank": rank, "build_mb": build / MB, "save_mb": save / MB, "load_mb": load / MB,
+print(json.dumps({"rank": rank, "build_mb": build / MB, "save_mb": save / MB, "load_mb": load / MB, "staged_mb": staged / MB, "freed": freed,
                   "checkpoint_mb": sum(p.stat().st_size for p in folder.iterdir()) / MB,
                   "weights_mb": params * 4 / MB, "optimizer_mb": params * 8 / MB}))
 accelerator.wait_for_everyone()

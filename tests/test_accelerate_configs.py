@@ -56,7 +56,7 @@ def test_fsdp_production_is_fsdp2_full_shard_bf16_sharded_state_wrapping_gptneox
             monkeypatch.setenv(key, value)
     plugin = FullyShardedDataParallelPlugin()
     assert plugin.fsdp_version == 2
-    assert plugin.reshard_after_forward is True  # FSDP2's FULL_SHARD
+    assert plugin.reshard_after_forward is False  # one all-gather per layer and micro-step, not two
     assert plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT
     assert plugin.transformer_cls_names_to_wrap == ["GPTNeoXLayer"]
 

@@ -129,6 +129,8 @@ def test_fsdp2_run_ends_cleanly_with_its_sample(fsdp_two):
     log = (out / "logs" / "run" / "training.log").read_text()
     assert "(FSDP2 fully_shard)" in log
     assert "collective timeout 60 min" in log  # read back from the gloo group: the flag's default, not torch's 30
+    # After step 1 a hang fails within --step-timeout-minutes (read back from each group), not within 60 minutes
+    assert "collective timeout 10 min from step 2 on (stop vote 10 min, checkpoint savers 60 min)" in log
     assert "sample:\nOnce upon a time" in log
     assert len(losses) == 12
     assert ckpt.check_complete(out / "ckpt" / "run" / "final") is None

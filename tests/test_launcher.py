@@ -95,15 +95,24 @@ def test_gpus_1_is_a_single_gpu_process():
     envs, launch, _ = launched("--config", "small", "--gpus", "1", fake_gpus=8)
     assert not launch.cpu and not launch.multi_gpu and launch.num_processes == 1
     assert launch.config_file.endswith("configs/accelerate/single_gpu.yaml")
-    assert envs == {}  # no CPU settings, and no torchrun in a single process
+    # no CPU settings and no torchrun in a single process; an allocator that grows blocks instead of fragmenting
+    assert envs == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
 def test_gpus_8_is_ddp_with_mixed_precision_on_both_sides():
-    _, launch, train = launched("--config", "production", "--gpus", "8", "--mixed-precision", "bf16", fake_gpus=8)
+    _, launch, train = launched("--config", "small", "--gpus", "8", "--mixed-precision", "bf16", fake_gpus=8)
     assert launch.multi_gpu and launch.num_processes == 8 and launch.num_machines == 1
     assert launch.main_process_port == 0 and launch.config_file.endswith("configs/accelerate/multi_gpu_ddp.yaml")
     assert launch.mixed_precision == "bf16"
-    assert train == ["--config", "production", "--mixed-precision", "bf16"]
+    assert train == ["--config", "small", "--mixed-precision", "bf16"]
+
+
+def test_production_on_several_gpus_defaults_to_fsdp2():
+    """1.2B under DDP: 44.5 GiB per GPU and a 5.7 GB model build per GPU in host memory; FSDP2 28.7 GiB, one build."""
+    _, launch, _ = launched("--config", "production", "--gpus", "8", fake_gpus=8)
+    assert launch.config_file.endswith("configs/accelerate/fsdp_production.yaml") and not launch.multi_gpu
+    _, launch, _ = launched("--config", "production", "--gpus", "1", fake_gpus=8)
+    assert launch.config_file.endswith("configs/accelerate/single_gpu.yaml")
 
 
 def test_train_flags_map_in_order_and_extras_pass_verbatim():
@@ -117,8 +126,22 @@ def test_train_flags_map_in_order_and_extras_pass_verbatim():
 def test_multi_node_flags_pass_through_and_count_all_processes():
     _, launch, _ = launched("--config", "production", "--gpus", "8", "--num-machines", "2", "--machine-rank", "1",
                             "--main-process-ip", "10.1.2.3", "--main-process-port", "1234", fake_gpus=8)
-    assert launch.multi_gpu and launch.num_processes == 16 and launch.num_machines == 2
+    assert launch.num_processes == 16 and launch.num_machines == 2
     assert (launch.machine_rank, launch.main_process_ip, launch.main_process_port) == (1, "10.1.2.3", 1234)
+
+
+def test_multi_node_gloo_binds_to_the_interface_that_reaches_rank_0(monkeypatch):
+    """Without GLOO_SOCKET_IFNAME gloo binds to the hostname's address (often 127.0.1.1): unreachable from elsewhere."""
+    args = ("--config", "production", "--gpus", "8", "--num-machines", "2", "--machine-rank", "1",
+            "--main-process-ip", "127.0.0.1")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    envs, _, _ = launched(*args, fake_gpus=8)
+    assert envs["GLOO_SOCKET_IFNAME"] == "lo"  # the route to 127.0.0.1
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")  # the user's choice stays (inherited, not overridden)
+    envs, _, _ = launched(*args, fake_gpus=8)
+    assert "GLOO_SOCKET_IFNAME" not in envs
+    envs, _, _ = launched("--config", "production", "--gpus", "8", fake_gpus=8)
+    assert "GLOO_SOCKET_IFNAME" not in envs  # one machine: gloo stays on its default
 
 
 def test_accelerate_config_file_decides_the_distributed_type():

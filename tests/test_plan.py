@@ -5,7 +5,7 @@ import pytest
 
 from configs.presets import resolve_config
 from utils.errors import PiconeoxError
-from utils.plan import format_plan, plan
+from utils.plan import format_plan, needs_activation_checkpointing, plan
 
 P, LAYER = 1_414_647_808, 50_358_272  # Pythia-1.4B shape, untied (STACK_NOTES.md)
 
@@ -30,13 +30,23 @@ def test_production_on_8_gpus_counts_and_tokens(production_plan):
 def test_production_memory_by_hand(production_plan):
     p, s, b, h, L, V = production_plan, 2048, 4, 2048, 24, 50304
     assert (p.ddp.weights, p.ddp.grads, p.ddp.optimizer) == (4 * P, 4 * P, 8 * P)
-    root = P - L * LAYER  # embeddings, final norm, lm_head: gathered in bf16 with two layers
-    assert (p.fsdp.weights, p.fsdp.grads, p.fsdp.optimizer) == (4 * P // 8 + 2 * (root + 2 * LAYER), 4 * P // 8, 8 * P // 8)
-    logits = s * b * V * 10
+    # every layer stays gathered in bf16 from its forward to its backward (reshard_after_forward: false)
+    assert (p.fsdp.weights, p.fsdp.grads, p.fsdp.optimizer) == (4 * P // 8 + 2 * P, 4 * P // 8, 8 * P // 8)
+    logits = s * b * V * 14  # bf16 logits, accelerate's fp32 copy, the loss's fp32 upcast, the saved log-softmax
     assert p.ddp.activations == p.fsdp.activations == L * 34 * s * b * h + logits
     assert p.ddp.activations_checkpointed == L * 2 * s * b * h + 34 * s * b * h + logits
+    # DDP's all-reduce buckets; FSDP2's unsharded fp32 accumulators over the 8 micro-steps
+    assert p.ddp.buffers == p.fsdp.buffers == 4 * P
     assert p.fsdp.total_checkpointed < p.fsdp.total < p.ddp.total
-    assert 8 < p.fsdp.total_checkpointed / 1024**3 < 9 and 37 < p.ddp.total / 1024**3 < 38
+    assert 17 < p.fsdp.total_checkpointed / 1024**3 < 18 and 44 < p.ddp.total / 1024**3 < 45
+
+
+def test_auto_checkpointing_turns_on_where_the_full_count_does_not_fit(production_plan):
+    """On a 48 GB card DDP needs ~44.5 GiB without checkpointing: beyond 90% of it, so `auto` must turn it on
+    (leaving out the buckets and the fp32 logits copy said 37.7 GiB, and the run ran out of memory at step 1)."""
+    assert needs_activation_checkpointing(production_plan, sharded=False, device_bytes=48 * 1024**3)
+    assert not needs_activation_checkpointing(production_plan, sharded=True, device_bytes=48 * 1024**3)
+    assert not needs_activation_checkpointing(production_plan, sharded=False, device_bytes=80 * 1024**3)
 
 
 def test_format_plan_is_a_readable_table(production_plan):
@@ -45,14 +55,14 @@ def test_format_plan_is_a_readable_table(production_plan):
                    "memory per GPU (GiB)", "DDP", "FSDP", "with act. checkpointing"):
         assert needle in text
     total_row = next(line for line in text.splitlines() if line.strip().startswith("total"))
-    assert total_row.split()[1:] == ["37.67", "19.79"]  # GiB per GPU: DDP, FSDP
+    assert total_row.split()[1:] == ["44.47", "28.66"]  # GiB per GPU: DDP, FSDP
 
 
 def test_fp32_doubles_activation_bytes():
     bf16 = plan(resolve_config("test", overrides={"train.mixed_precision": "bf16"}), gpus=0)
     fp32 = plan(resolve_config("test", overrides={"train.mixed_precision": "no"}), gpus=0)
     logits = lambda p, bytes_: p.seq_len * p.micro_batch_size * p.vocab_size * bytes_  # noqa: E731
-    assert fp32.ddp.activations - logits(fp32, 8) == 2 * (bf16.ddp.activations - logits(bf16, 10))
+    assert fp32.ddp.activations - logits(fp32, 8) == 2 * (bf16.ddp.activations - logits(bf16, 14))
     assert "CPU (1 process)" in format_plan(fp32) and "(MiB)" in format_plan(fp32)
 
 

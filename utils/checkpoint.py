@@ -75,17 +75,18 @@ def set_rng_state(state: dict) -> None:
 
 # --- capture (training thread) ----------------------------------------------------------------------------
 
-def checkpoint_group():
+def checkpoint_group(timeout: timedelta):
     """A gloo process group for the background savers (None when not distributed).
 
     Collectives of checkpoint threads must never interleave with the training's on the same group, and a
-    save may wait on a slow upload of another rank for a long time: hence its own group and timeout.
+    save may wait on a slow upload of another rank: hence its own group, bounded by `timeout` (the run's
+    start-up collective timeout, which also covers a synchronous save), so a dead rank fails the save.
     """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return None
-    return dist.new_group(backend="gloo", timeout=timedelta(hours=2))
+    return dist.new_group(backend="gloo", timeout=timeout)
 
 
 @dataclass
@@ -124,6 +125,49 @@ def sharded_state(model, optimizer) -> dict:
     return {"model": model_state, "optim": optim_state}
 
 
+def tensor_bytes(t) -> int:
+    """Bytes this rank holds of `t` (a DTensor's local shard only)."""
+    t = getattr(t, "_local_tensor", t)
+    return t.numel() * t.element_size()
+
+
+def tensor_leaves(state: dict, path: tuple = ()):
+    """(path, tensor) for every tensor in a nested dict of state."""
+    for key, value in state.items():
+        if isinstance(value, dict):
+            yield from tensor_leaves(value, path + (key,))
+        elif isinstance(value, torch.Tensor):
+            yield path + (key,), value
+
+
+def own_share(state: dict, rank: int, world_size: int) -> dict:
+    """The part of a replicated (DDP) `state` this rank writes: whole tensors dealt out by size, largest first, each
+    to the rank with the fewest bytes so far, so every rank stages about 1/world of the checkpoint instead of all.
+
+    DCP writes each tensor once, from whichever rank holds it, and merges every rank's index: the checkpoint is
+    the same as one where every rank offered everything. Sharded (FSDP2) tensors and non-tensor values stay on
+    every rank (DTensor shards are already this rank's own; the small values DCP writes once).
+    """
+    leaves = [(tensor_bytes(t), path) for path, t in tensor_leaves(state) if not hasattr(t, "_local_tensor")]
+    load, owner = [0] * world_size, {}
+    for size, path in sorted(leaves, key=lambda x: (-x[0], str(x[1]))):  # the same order on every rank
+        r = min(range(world_size), key=lambda i: (load[i], i))
+        load[r] += size
+        owner[path] = r
+
+    def keep(node, path):
+        out = {}
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                if sub := keep(value, path + (key,)):
+                    out[key] = sub
+            elif owner.get(path + (key,), rank) == rank:
+                out[key] = value
+        return out
+
+    return keep(state, ())
+
+
 def stage(state: dict) -> dict:
     """A CPU copy of `state` (DTensor shards stay shards); pinned memory on CUDA for a fast copy off the GPU."""
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -135,6 +179,11 @@ def stage(state: dict) -> dict:
         return stager.stage(state)
     finally:
         stager.close()
+
+
+def staged_share(model, optimizer, rank: int, world_size: int) -> dict:
+    """This rank's part of {"model", "optim"} copied to the CPU: about checkpoint / world_size bytes, DDP or FSDP2."""
+    return stage(own_share(sharded_state(model, optimizer), rank, world_size))
 
 
 def full_weights(model) -> dict:
@@ -163,7 +212,7 @@ def capture(step, model, optimizer, scheduler, scaler, loader, trainer, metrics,
               "run_config": run_config}
     return Snapshot(
         step=step, rank=rank, world_size=world_size,
-        state=None if weights_only else stage(sharded_state(model, optimizer)),
+        state=None if weights_only else staged_share(model, optimizer, rank, world_size),
         weights=full_weights(model) if weights_only else None,
         rng=rng_state(), common=common, hf_config=model.config, tokenizer=tokenizer)
 

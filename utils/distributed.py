@@ -97,18 +97,57 @@ def describe(accelerator) -> str:
     return "single process"
 
 
-def group_timeout(accelerator) -> timedelta | None:
-    """The default process group's collective timeout as the backend holds it; None without a group."""
+def group_timeout(accelerator, group=None) -> timedelta | None:
+    """A process group's collective timeout as its backend holds it (default: the run's group on the run's
+    device; a gloo side group on the CPU); None without a group."""
+    import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    return dist.group.WORLD._get_backend(accelerator.device).options._timeout
+    if group is None:
+        return dist.group.WORLD._get_backend(accelerator.device).options._timeout
+    return group._get_backend(torch.device("cpu")).options._timeout
 
 
-def check_timeout(minutes: float) -> None:
-    """--collective-timeout-minutes must be a positive, finite number."""
+def shorten_timeout(minutes: float) -> None:
+    """After the first step: the run's collectives fail within `minutes` on a hang, instead of the start-up timeout
+    that had to cover a resume download and the compile (torchtitan shortens it the same way)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.distributed_c10d._set_pg_timeout(timedelta(minutes=minutes))
+
+
+def check_timeout(minutes: float, flag: str = "--collective-timeout-minutes", default: float = 60) -> None:
+    """A timeout flag must be a positive, finite number of minutes."""
     import math
 
     if not (math.isfinite(minutes) and minutes > 0):
-        raise PiconeoxError(f"--collective-timeout-minutes {minutes:g}: must be a positive number of minutes (default 60)")
+        raise PiconeoxError(f"{flag} {minutes:g}: must be a positive number of minutes (default {default:g})")
+
+
+def route_interface(host: str) -> str | None:
+    """The network interface whose IPv4 route reaches `host` ('lo' for loopback), or None when unknown.
+
+    Multi-machine gloo groups (the savers', the stop vote's) bind to the address the hostname resolves to, often
+    127.0.1.1 from /etc/hosts, which no other machine can reach: GLOO_SOCKET_IFNAME names this interface instead.
+    """
+    import ipaddress
+    import socket
+    from pathlib import Path
+
+    try:
+        addr = ipaddress.IPv4Address(socket.gethostbyname(host))
+        table = Path("/proc/net/route").read_text().splitlines()[1:]
+    except (OSError, ValueError):
+        return None
+    if addr.is_loopback:
+        return "lo"
+    best = None  # (prefix bits, interface): the longest matching prefix wins, as in the kernel
+    for line in table:
+        fields = line.split()
+        dest, mask = (int.from_bytes(bytes.fromhex(x), "little") for x in (fields[1], fields[7]))
+        if int(addr) & mask == dest and (best is None or mask.bit_count() > best[0]):
+            best = (mask.bit_count(), fields[0])
+    return best[1] if best else None

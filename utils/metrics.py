@@ -229,7 +229,10 @@ PEAK_FLOPS: list[tuple[str, str, float]] = [
     (r"\bB200\b", "B200", 2250e12),
     (r"\bH200 NVL\b", "H200 NVL", 835e12),
     (r"\bH200\b", "H200 SXM", 989e12),
+    (r"\bGH200\b", "GH200", 989e12),  # Grace Hopper: an H100-class GPU ("GH200" has no word break before "H200")
     (r"\bH100 NVL\b", "H100 NVL", 835e12),
+    (r"\bH800 PCIe\b", "H800 PCIe", 756e12),  # H100 compute with export-limited NVLink
+    (r"\bH800\b", "H800 SXM", 989e12),
     (r"\bH100 PCIe\b", "H100 PCIe", 756e12),
     (r"\bH100\b", "H100 SXM", 989e12),
     (r"\bA100\b", "A100", 312e12),

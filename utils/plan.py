@@ -5,18 +5,21 @@ seconds on a laptop. Memory is an estimate of the big terms, in bytes per GPU:
 
 - weights, gradients and AdamW states are fp32 (mixed precision autocasts the compute, the master
   weights stay fp32): 4 + 4 + 8 bytes per parameter. DDP keeps all of them on every GPU; FSDP full
-  shard keeps 1/world of each, plus the unsharded working set in the compute dtype: the root module
-  (embeddings, final norm, lm_head: FSDP keeps the root gathered) and two decoder layers (the current
-  one and the prefetched next).
+  keeps 1/world of each, plus the unsharded weights in the compute dtype: configs/accelerate/
+  fsdp_production.yaml keeps every layer gathered from its forward to its backward
+  (reshard_after_forward: false), so at the end of a forward all of them are.
 - activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", section 4.1: s*b*h*(34 + 5*a*s/h) bytes per layer with 16-bit activations. Our models run
   SDPA (flash / memory-efficient kernels) that never store the a*s*s score matrices, so the 5*a*s/h
   term is dropped: 34*s*b*h per layer (34 includes dropout masks: an upper bound at dropout 0). With
   activation checkpointing of every layer only its 2*s*b*h input is kept, plus one layer's full
-  activations while it is recomputed. The logits add s*b*V*(2 + 4 + 4) bytes: 16-bit logits, their
-  fp32 upcast for the loss, and the saved log-softmax. fp32 training doubles the activation bytes.
-- not counted: CUDA context and kernels (~0.5-1 GB), allocator fragmentation, DDP's gradient buckets
-  (up to the gradient size again unless gradient_as_bucket_view), communication buffers.
+  activations while it is recomputed. The logits add s*b*V*(2 + 4 + 4 + 4) bytes: 16-bit logits,
+  accelerate's fp32 copy of the model's outputs, their fp32 upcast for the loss, and the saved
+  log-softmax. fp32 training doubles the activation bytes (and has no 16-bit logits to copy).
+- buffers: DDP copies the gradients into its all-reduce buckets (4 bytes a parameter again: our runs
+  do not use gradient_as_bucket_view); FSDP2 accumulating over micro-steps keeps unsharded fp32
+  gradient accumulators for every parameter until the last micro-step reduce-scatters them.
+- not counted: CUDA context and kernels (~0.5-1 GB), allocator fragmentation, communication buffers.
 """
 from __future__ import annotations
 
@@ -41,14 +44,16 @@ class MemoryEstimate:
     """Without activation checkpointing."""
     activations_checkpointed: int
     """With every decoder layer checkpointed."""
+    buffers: int
+    """DDP's gradient buckets, FSDP2's unsharded gradient accumulators."""
 
     @property
     def total(self) -> int:
-        return self.weights + self.grads + self.optimizer + self.activations
+        return self.weights + self.grads + self.optimizer + self.buffers + self.activations
 
     @property
     def total_checkpointed(self) -> int:
-        return self.weights + self.grads + self.optimizer + self.activations_checkpointed
+        return self.weights + self.grads + self.optimizer + self.buffers + self.activations_checkpointed
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,6 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None) -> P
         model = build_model(model_cfg)
     parameters = count_parameters(model)
     layer = sum(p.numel() for p in model.gpt_neox.layers[0].parameters())
-    root = parameters - model_cfg.num_layers * layer
 
     world = max(gpus, 1)
     train = train.for_world(world)  # the accumulation that keeps the global batch on this many GPUs
@@ -107,12 +111,13 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None) -> P
     act_scale = 1 if half else 2  # Korthikanti's byte counts assume 16-bit activations
     compute_bytes = 2 if half else 4
     layer_act = 34 * s * b * h * act_scale
-    logits = s * b * V * (10 if half else 8)
+    logits = s * b * V * (14 if half else 8)
     activations = L * layer_act + logits
     activations_ckpt = L * 2 * s * b * h * act_scale + layer_act + logits
 
-    def estimate(shards: int, gathered: int) -> MemoryEstimate:
+    def estimate(shards: int, gathered: int, buffers: int) -> MemoryEstimate:
         return MemoryEstimate(
+            buffers=buffers,
             weights=4 * parameters // shards + gathered,
             grads=4 * parameters // shards,
             optimizer=8 * parameters // shards,
@@ -133,8 +138,8 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None) -> P
         steps=train.max_steps,
         total_tokens=batch_tokens * train.max_steps,
         flops_per_token=model_flops_per_token(model_cfg, s),
-        ddp=estimate(1, 0),
-        fsdp=estimate(world, compute_bytes * (root + 2 * layer)),
+        ddp=estimate(1, 0, 4 * parameters),
+        fsdp=estimate(world, compute_bytes * parameters, 4 * parameters if train.grad_accum_steps > 1 else 0),
     )
 
 
@@ -156,6 +161,7 @@ def format_plan(p: Plan) -> str:
         ("weights (fp32 master)", "weights"),
         ("gradients (fp32)", "grads"),
         ("AdamW states (fp32)", "optimizer"),
+        ("grad buckets/accumulators", "buffers"),
         ("activations", "activations"),
         ("  with act. checkpointing", "activations_checkpointed"),
         ("total", "total"),

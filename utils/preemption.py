@@ -97,7 +97,7 @@ class StopVote:
     stopping: True once agreed, identical on every rank. time_up: the agreed stop is rank 0's time limit.
     """
 
-    def __init__(self, stop: StopRequest, accelerator, deadline: float = math.inf):
+    def __init__(self, stop: StopRequest, accelerator, deadline: float = math.inf, timeout=None):
         self.stop, self.deadline = stop, deadline
         self.is_main = accelerator.is_main_process
         self.stopping = self.time_up = False
@@ -106,8 +106,15 @@ class StopVote:
             import torch
             import torch.distributed as dist
 
-            self._group = dist.new_group(backend="gloo")  # CPU tensors: never a wait for the GPU stream
+            # CPU tensors: never a wait for the GPU stream. `timeout` (a timedelta): the training steps' own bound,
+            # not torch's 30-minute default, so a hung rank fails this vote as fast as the step's collectives.
+            self._group = dist.new_group(backend="gloo", timeout=timeout)
             self._flags = torch.zeros(2, dtype=torch.int32)
+
+    @property
+    def group(self):
+        """The vote's own gloo group (None in one process)."""
+        return self._group
 
     def _local_flags(self) -> tuple[int, int]:
         return int(self.stop.requested), int(self.is_main and time.time() >= self.deadline)

@@ -22,22 +22,18 @@ import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import IO, TYPE_CHECKING, Callable, Iterator
 
-import google.auth
 import google_crc32c
-import requests
-from google.api_core import exceptions as api_exceptions
-from google.auth.credentials import AnonymousCredentials, Credentials
-from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
-from google.cloud import storage
-from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
-from google.cloud.storage.retry import DEFAULT_RETRY
-from google.oauth2 import credentials as user_credentials
-from google.oauth2 import service_account
 
 from utils.crc import CHUNK, crc32c_b64, crc32c_file, crc32c_from_b64
 from utils.errors import PiconeoxError
+
+# The Google client libraries are imported where a gs:// location is used, never at import time: a run with
+# local data and checkpoints works on a box that has none of them (a lent GPU machine without network).
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+    from google.cloud import storage
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +258,8 @@ class GCSStorage(Storage):
         self.prefix = prefix.strip("/")
         self.url = f"gs://{bucket}/{self.prefix}".rstrip("/")
         self.timeout_s = timeout_s
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
         # Exponential backoff within one deadline per call: a dead server costs timeout_s, not minutes.
         self._retry = DEFAULT_RETRY.with_timeout(timeout_s).with_delay(
             initial=0.25, maximum=min(8.0, timeout_s / 4), multiplier=2.0
@@ -274,6 +272,11 @@ class GCSStorage(Storage):
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
         """Turn client exceptions into one-line StorageErrors; their text never carries credentials."""
+        import requests
+        from google.api_core import exceptions as api_exceptions
+        from google.auth.exceptions import RefreshError, TransportError
+        from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
+
         try:
             yield
         except api_exceptions.PreconditionFailed:
@@ -355,7 +358,9 @@ class GCSStorage(Storage):
         return ObjectInfo(name, blob.size, crc, _int_or_none(blob.generation))
 
     def delete(self, name: str) -> None:
-        with self._errors(f"delete {self.url}/{name}"), contextlib.suppress(api_exceptions.NotFound):
+        from google.api_core.exceptions import NotFound
+
+        with self._errors(f"delete {self.url}/{name}"), contextlib.suppress(NotFound):
             self._bucket.blob(self._key(name)).delete(retry=self._retry, timeout=self._request_timeout)
 
     def exists(self, name: str) -> bool:
@@ -420,6 +425,9 @@ def _load_key(path: Path, source: str) -> tuple[Credentials, str | None]:
     Only these two types are accepted: a generic loader would also run external-account configs,
     which can fetch URLs or run commands named in the file.
     """
+    from google.oauth2 import credentials as user_credentials
+    from google.oauth2 import service_account
+
     info = _read_key_file(path, source)
     kind = info["type"]
     try:
@@ -443,6 +451,10 @@ def resolve_credentials(key_file: str | None) -> tuple[Credentials, str | None]:
     """Credentials and project: --credentials file, then GOOGLE_APPLICATION_CREDENTIALS, then application
     default credentials. With STORAGE_EMULATOR_HOST set a given key is still checked, but anonymous
     credentials are used (emulators accept nothing else)."""
+    import google.auth
+    from google.auth.credentials import AnonymousCredentials
+    from google.auth.exceptions import DefaultCredentialsError
+
     loaded = None
     if key_file:
         loaded = _load_key(Path(key_file), "--credentials")
@@ -472,6 +484,8 @@ def open_storage(url: str, credentials: str | None = None, *, timeout_s: float =
         raise PiconeoxError(f"storage timeout must be a positive number of seconds, got {timeout_s}")
     if url.startswith("gs://"):
         bucket, prefix = parse_gs_url(url)
+        from google.cloud import storage
+
         creds, project = resolve_credentials(credentials)
         client = storage.Client(project=project, credentials=creds)
         return GCSStorage(client, bucket, prefix, timeout_s=timeout_s)

@@ -86,6 +86,13 @@ class SaveResult:
         return self.error is None
 
 
+def current_cuda_device() -> int | None:
+    """The training thread's CUDA device, for the saver thread to use too (None without CUDA)."""
+    import torch
+
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
 class UploadFailed(PiconeoxError):
     """Checkpoint saves failed `max_failures` times in a row: the run stops (after a final local save)."""
 
@@ -133,6 +140,7 @@ class CheckpointUploader:
         self._cancel = threading.Event()
         self._closed = False
         self._thread = None
+        self._cuda_device = current_cuda_device()
         if background:
             # Non-daemon: an interpreter exit waits for the upload instead of killing it half-way.
             self._thread = threading.Thread(target=self._run, name="checkpoint-uploader", daemon=False)
@@ -252,6 +260,12 @@ class CheckpointUploader:
         # Linux: a lower CPU priority for this thread only, so writing and hashing take idle cycles, not the step's.
         with contextlib.suppress(AttributeError, OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        if self._cuda_device is not None:
+            import torch
+
+            # Freeing a pinned snapshot touches CUDA: on a thread without a device that opens a context on GPU 0,
+            # ~0.5 GiB of every rank's memory there (PyTorch's pin-memory thread sets it for the same reason).
+            torch.cuda.set_device(self._cuda_device)
         while True:
             with self._cond:
                 while not self._queue and not self._closed:
@@ -262,6 +276,7 @@ class CheckpointUploader:
                 self._in_flight = request
                 self._cond.notify_all()  # a submit() may be waiting for this slot
             result = self._persist(request)
+            del request  # the staged snapshot (pinned memory on CUDA) goes now, not when the next save arrives
             with self._cond:
                 self._results.append(result)
                 self._in_flight = None

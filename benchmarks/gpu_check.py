@@ -1,0 +1,261 @@
+"""The stages of benchmarks/gpu_check.sh (its CLI): each prints one JSON line per measurement to OUT/results.jsonl
+and a readable row to stdout. See the README section "Checking a GPU box".
+
+    python benchmarks/gpu_check.py STAGE --out DIR [--cpu-smoke]      STAGE: env, kernels, train, save, fsdp
+
+--cpu-smoke runs every stage on the CPU with the tiny `test` preset (what the test suite runs): same keys, CPU
+values (None where a measurement needs CUDA), so the script cannot rot unnoticed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# Every key each stage's lines carry, GPU and CPU mode alike (tests/test_gpu_check.py holds the CPU mode to it).
+KEYS = {
+    "env": ["python", "torch", "cuda", "transformers", "accelerate", "gpu", "gpu_memory_gb", "free_disk_gb",
+            "ram_gb", "google_cloud_storage"],
+    "gemm": ["m", "n", "k", "dtype", "tflops"],
+    "sdpa": ["backend", "batch", "heads", "seq", "head_dim", "tflops"],
+    "h2d": ["pinned", "gb", "gb_per_s"],
+    "train": ["variant", "micro_batch", "compile", "ok", "wall_s", "first_step_s", "tok_s", "mfu", "peak_alloc_gb",
+              "peak_reserved_gb", "recompiles", "graph_breaks"],
+    "save": ["blocking_s", "write_s", "write_gb_per_s", "crc32c_gb_per_s", "step_ratio_during_write", "staged_gb",
+             "checkpoint_gb", "resume_max_dloss", "noise_floor_max_dloss"],
+    "fsdp": ["ok", "blocking_s", "checkpoint_gb", "resume_max_dloss"],
+}
+GB = 1e9
+
+
+def record(out: Path, kind: str, **values) -> None:
+    """Append one measurement (exactly the keys of KEYS[kind]) and print it readably."""
+    assert sorted(values) == sorted(KEYS[kind]), (kind, sorted(values))
+    with open(out / "results.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"stage": kind, **values}) + "\n")
+    print(f"{kind:<6} " + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()),
+          flush=True)
+
+
+# --- stage env, kernels ------------------------------------------------------------------------------------
+
+def stage_env(out: Path, cpu: bool) -> None:
+    import importlib.util
+
+    import accelerate
+    import torch
+    import transformers
+
+    cuda = torch.cuda.is_available() and not cpu
+    mem = Path("/proc/meminfo").read_text().split("MemAvailable:")[1].split()[0]
+    record(out, "env", python=sys.version.split()[0], torch=torch.__version__, cuda=torch.version.cuda,
+           transformers=transformers.__version__, accelerate=accelerate.__version__,
+           gpu=torch.cuda.get_device_name() if cuda else None,
+           gpu_memory_gb=torch.cuda.get_device_properties(0).total_memory / GB if cuda else None,
+           free_disk_gb=shutil.disk_usage(out).free / GB, ram_gb=int(mem) * 1024 / GB,
+           google_cloud_storage=importlib.util.find_spec("google.cloud.storage") is not None)
+
+
+def timed(fn, repeat: int, sync) -> float:
+    """Seconds per call of `fn` (median of `repeat` after one warm-up)."""
+    fn()
+    sync()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def stage_kernels(out: Path, cpu: bool) -> None:
+    """bf16 GEMMs at the production shapes, the SDPA backend that runs and its speed, pinned host-to-device GB/s."""
+    import torch
+    import torch.nn.functional as F
+
+    cuda = torch.cuda.is_available() and not cpu
+    dev, dtype, sync = ("cuda", torch.bfloat16, torch.cuda.synchronize) if cuda else ("cpu", torch.float32, lambda: None)
+    tokens, h, ffn, vocab = (4 * 2048, 2048, 8192, 50304) if cuda else (256, 128, 512, 256)
+    for m, n, k in ((tokens, 3 * h, h), (tokens, ffn, h), (tokens, h, ffn), (tokens, vocab, h)):
+        a, b = torch.randn(m, k, device=dev, dtype=dtype), torch.randn(k, n, device=dev, dtype=dtype)
+        s = timed(lambda: a @ b, 10 if cuda else 2, sync)
+        record(out, "gemm", m=m, n=n, k=k, dtype=str(dtype).removeprefix("torch."), tflops=2 * m * n * k / s / 1e12)
+    batch, heads, seq, hd = (4, 16, 2048, 128) if cuda else (2, 4, 128, 32)
+    q, k_, v = (torch.randn(batch, heads, seq, hd, device=dev, dtype=dtype) for _ in range(3))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = None
+    for candidate in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                      SDPBackend.MATH):  # the order torch prefers: the first that runs is the one it uses
+        try:
+            with sdpa_kernel(candidate):
+                F.scaled_dot_product_attention(q, k_, v, is_causal=True)
+            backend = candidate
+            break
+        except RuntimeError:
+            continue
+    with sdpa_kernel(backend):
+        s = timed(lambda: F.scaled_dot_product_attention(q, k_, v, is_causal=True), 10 if cuda else 2, sync)
+    flops = 4 * batch * heads * seq * seq * hd / 2  # causal: half of QK^T and PV
+    record(out, "sdpa", backend=backend.name, batch=batch, heads=heads, seq=seq, head_dim=hd, tflops=flops / s / 1e12)
+    size = int(2 * GB) if cuda else int(64e6)
+    host = torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
+    target = torch.empty(size, dtype=torch.uint8, device=dev)
+    s = timed(lambda: target.copy_(host, non_blocking=cuda), 3, sync)
+    record(out, "h2d", pinned=cuda, gb=size / GB, gb_per_s=size / GB / s)
+
+
+# --- runs through ./start_training.sh ----------------------------------------------------------------------
+
+def run_train(out: Path, name: str, cpu: bool, extra: list[str], fsdp: bool = False) -> tuple[bool, float, Path]:
+    """One run of the check's preset via the launcher; returns (ok, wall seconds, its log dir)."""
+    if cpu:
+        preset = ["--config", "test", "--gpus", "0", "--data", "demo", *(["--procs", "2"] if fsdp else []), "--",
+                  "--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set", "model.num_heads=4",
+                  "--set", "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4",
+                  "--set", "train.tokenizer=byte", "--set", "train.tokenizer_vocab=null", "--compile", "off"]
+    else:  # the production shape and micro batch, bf16, compiled; the byte-level demo corpus (no network here)
+        preset = ["--config", "production", "--gpus", "1", "--mixed-precision", "bf16", "--data", "demo", "--",
+                  "--set", "train.tokenizer=byte", "--set", "train.tokenizer_vocab=null",
+                  "--set", "model.vocab_size=50304", "--compile", "on"]
+    if fsdp:
+        preset[preset.index("--"):preset.index("--")] = ["--accelerate-config",
+                                                          str(ROOT / "configs/accelerate/fsdp_production.yaml")]
+    cmd = [str(ROOT / "start_training.sh"), *preset, "--set", "train.grad_accum_steps=1",
+           "--set", "train.global_batch_tokens=0", "--log-every", "1", "--warmup-steps", "2", "--keep-last", "1",
+           "--report-to", "none", "--output-dir", str(out / "ckpt"), "--log-dir", str(out / "logs"),
+           "--run-name", name, *extra]
+    if "--resume" not in extra:  # a stage run again in the same DIR starts its runs afresh
+        for folder in (out / "ckpt" / name, out / "logs" / name):
+            shutil.rmtree(folder, ignore_errors=True)
+    env = {**os.environ, "TORCH_LOGS": "recompiles,graph_breaks", "PICONEOX_CPU_FSDP": "1" if fsdp else "0"}
+    start = time.monotonic()
+    with open(out / f"{name}.out", "w") as log:
+        proc = subprocess.run(cmd, cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=480)
+    if proc.returncode:
+        print(f"{name}: failed (exit {proc.returncode}); last lines of {out / f'{name}.out'}:", file=sys.stderr)
+        print("\n".join((out / f"{name}.out").read_text().splitlines()[-15:]), file=sys.stderr)
+    return proc.returncode == 0, time.monotonic() - start, out / "logs" / name
+
+
+def history(log_dir: Path) -> dict[int, dict]:
+    path = log_dir / "history.json"
+    rows = json.loads(path.read_text()) if path.exists() else []
+    return {r["step"]: r for r in rows if "train/loss" in r}
+
+
+def max_dloss(a: dict[int, dict], b: dict[int, dict], after: int) -> float | None:
+    common = [s for s in a if s in b and s > after]
+    return max(abs(a[s]["train/loss"] - b[s]["train/loss"]) for s in common) if common else None
+
+
+def stage_train(out: Path, cpu: bool, steps: int) -> None:
+    """Production on one GPU: build/compile/first step, steady tok/s and MFU, memory, recompiles; micro batch x2
+    and compile off."""
+    micro = 4
+    variants = (("base", []), ("micro_x2", ["--batch-size", str(2 * micro)]), ("compile_off", ["--compile", "off"]))
+    for variant, extra in variants[:1] if cpu else variants:  # CPU mode: no compile, and memory is no question
+        name = f"train-{variant}"
+        ok, wall, log_dir = run_train(out, name, cpu, ["--max-steps", str(steps), "--eval-every", str(10 * steps),
+                                                       "--save-every", str(10 * steps), *extra])
+        rows = history(log_dir)
+        warm = [r for s, r in rows.items() if s > 2]
+        text = (out / f"{name}.out").read_text()
+        peak = re.search(r"peak GPU memory ([\d.]+) GB", text)
+        mfus = [r["train/mfu"] for r in warm if r.get("train/mfu") is not None]
+        record(out, "train", variant=variant, micro_batch=2 * micro if variant == "micro_x2" else micro,
+               compile=not cpu and variant != "compile_off", ok=ok, wall_s=wall,
+               first_step_s=rows[1]["train/step_time_s"] if 1 in rows else None,
+               tok_s=statistics.median(r["train/tokens_per_s"] for r in warm) if warm else None,
+               mfu=statistics.median(mfus) if mfus else None,
+               peak_alloc_gb=float(peak.group(1)) if peak else None,
+               peak_reserved_gb=max((r.get("gpu/mem_gb") or 0 for r in rows.values()), default=None) or None,
+               recompiles=text.count("Recompiling function"), graph_breaks=text.count("Graph break"))
+        shutil.rmtree(out / "ckpt" / name, ignore_errors=True)  # disk: only the save stage keeps a checkpoint
+
+
+def blocked_seconds(log_dir: Path) -> float | None:
+    found = re.findall(r"training blocked ([\d.]+) s", (log_dir / "training.log").read_text())
+    return float(found[0]) if found else None
+
+
+def stage_save(out: Path, cpu: bool, steps: int) -> None:
+    """One save mid-run (keep_last 1): blocking seconds, write and crc32c GB/s, step time while writing, staged GB;
+    the resumed loss curve against a second straight run (the noise floor, not zero: GPU kernels vary)."""
+    from utils import checkpoint as ckpt
+    from utils.crc import crc32c_file
+
+    every = steps // 2
+    common = ["--max-steps", str(steps), "--eval-every", str(10 * steps)]
+    _, _, a = run_train(out, "save-a", cpu, [*common, "--save-every", str(every)])
+    _, _, b = run_train(out, "save-b", cpu, [*common, "--save-every", str(10 * steps)])
+    folder = out / "ckpt" / "save-a" / ckpt.step_dir_name(every)
+    shutil.rmtree(out / "ckpt" / "save-b", ignore_errors=True)
+    rows, text, blocking = history(a), (a / "training.log").read_text(), blocked_seconds(a)  # before the resume appends
+    _, _, r = run_train(out, "save-a", cpu, [*common, "--save-every", str(10 * steps), "--resume", str(folder)])
+    write = re.search(rf"saved checkpoint \S+{ckpt.step_dir_name(every)} \(([\d.]+) s\)", text)
+    shards = [p for p in folder.glob("*.distcp")] if folder.is_dir() else []
+    size = sum(p.stat().st_size for p in folder.iterdir()) if folder.is_dir() else 0
+    start = time.monotonic()
+    for p in shards:
+        crc32c_file(p)
+    crc_s = time.monotonic() - start
+    quiet = [rows[s]["train/step_time_s"] for s in rows if s > 2 and s not in (every + 1, every + 2)]
+    busy = [rows[s]["train/step_time_s"] for s in (every + 1, every + 2) if s in rows]
+    staged = sum(p.stat().st_size for p in shards)
+    record(out, "save", blocking_s=blocking, write_s=float(write.group(1)) if write else None,
+           write_gb_per_s=size / GB / float(write.group(1)) if write and float(write.group(1)) > 0 else None,
+           crc32c_gb_per_s=staged / GB / crc_s if crc_s > 0 else None,
+           step_ratio_during_write=statistics.median(busy) / statistics.median(quiet) if busy and quiet else None,
+           staged_gb=staged / GB, checkpoint_gb=size / GB,
+           resume_max_dloss=max_dloss(history(r), history(b), every), noise_floor_max_dloss=max_dloss(rows, history(b), 0))
+    shutil.rmtree(out / "ckpt", ignore_errors=True)
+
+
+def stage_fsdp(out: Path, cpu: bool, steps: int) -> None:
+    """FSDP2 with configs/accelerate/fsdp_production.yaml (1 GPU; 2 gloo ranks in CPU mode): save and resume."""
+    from utils import checkpoint as ckpt
+
+    every = steps // 2
+    common = ["--max-steps", str(steps), "--eval-every", str(10 * steps)]
+    ok, _, a = run_train(out, "fsdp", cpu, [*common, "--save-every", str(every)], fsdp=True)
+    folder = out / "ckpt" / "fsdp" / ckpt.step_dir_name(every)
+    size = sum(p.stat().st_size for p in folder.iterdir()) / GB if folder.is_dir() else None
+    ok_r, _, r = run_train(out, "fsdp-resumed", cpu, [*common, "--save-every", str(10 * steps), "--resume",
+                                                       str(folder)], fsdp=True)
+    record(out, "fsdp", ok=ok and ok_r, blocking_s=blocked_seconds(a), checkpoint_gb=size,
+           resume_max_dloss=max_dloss(history(r), history(a), every))
+    shutil.rmtree(out / "ckpt", ignore_errors=True)
+
+
+STAGES = {"env": stage_env, "kernels": stage_kernels, "train": stage_train, "save": stage_save, "fsdp": stage_fsdp}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("stage", choices=[*STAGES, "all"])
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--cpu-smoke", action="store_true")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20 on a GPU, 4 on CPU)")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    steps = args.steps or (4 if args.cpu_smoke else 20)
+    for name in STAGES if args.stage == "all" else [args.stage]:
+        fn = STAGES[name]
+        fn(args.out, args.cpu_smoke) if name in ("env", "kernels") else fn(args.out, args.cpu_smoke, steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Downloads into .gpu-wheels/ (git-ignored) the wheels a lent GPU box lacks: it has torch, transformers and
+# accelerate with CUDA, but no google-cloud-storage, google-auth or google-crc32c, and no network. Carry the
+# folder with the device tool (carry: [".gpu-wheels"]); benchmarks/gpu_check.sh installs them first.
+#   benchmarks/gpu_wheels.sh [--python-version 3.11]
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=python3
+[ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"
+pyver=${2:-$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')}
+[ "${1:-}" = "" ] || [ "${1:-}" = "--python-version" ] || { echo "error: unknown option '$1' (allowed: --python-version X.Y)" >&2; exit 2; }
+"$PY" -m pip download --quiet --dest "$ROOT/.gpu-wheels" --only-binary=:all: --platform manylinux2014_x86_64 \
+  --python-version "$pyver" google-cloud-storage google-crc32c
+echo "wheels in $ROOT/.gpu-wheels ($(ls "$ROOT/.gpu-wheels" | wc -l) files)"
