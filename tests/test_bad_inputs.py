@@ -355,3 +355,38 @@ def test_the_launcher_exits_2_with_the_workers_one_line(tmp_path, tiny_data, fin
         assert_one_error_line(proc.returncode, proc.stderr, message, f"--procs {procs} {' '.join(argv)}")
         assert "ChildFailedError" not in proc.stderr and "CalledProcessError" not in proc.stderr, proc.stderr
         assert_nothing_left(ckpt, logs, before, " ".join(argv))
+
+
+def test_an_earlier_run_is_a_run_record_and_a_refusal_takes_back_only_its_own_files(tmp_path):
+    """Issue 24 item 1: a leftover training.log or a note is no run; a record is named; release() removes what this
+    attempt added and its lines in an earlier log, never an earlier file."""
+    from utils.errors import PiconeoxError
+    from utils.run_folders import RunClaim, check_new_run, run_records
+
+    run_dir, log_dir = tmp_path / "ckpt" / "r", tmp_path / "logs" / "r"
+    log_dir.mkdir(parents=True)
+    (log_dir / "training.log").write_text("a refused attempt of an older version\n")
+    (log_dir / "notes.txt").write_text("mine")
+    check_new_run(None, run_dir, log_dir)  # not an earlier run
+    (log_dir / "events.out.tfevents.1.host").write_bytes(b"x")
+    (run_dir / "best").mkdir(parents=True)
+    assert run_records(run_dir) == ["best"] and run_records(log_dir) == ["events.out.tfevents.1.host"]
+    with pytest.raises(PiconeoxError, match=r"ckpt/r holds an earlier run \(best\): pass --resume auto"):
+        check_new_run(None, run_dir, log_dir)
+    check_new_run("auto", run_dir, log_dir)
+
+    before = files_below(tmp_path)
+    claim = RunClaim(run_dir, log_dir, tmp_path / "other" / "new")
+    claim.make()
+    with open(log_dir / "training.log", "a") as f:
+        f.write("this attempt's lines\n")
+    (run_dir / "step-00000002").mkdir()
+    (tmp_path / "other" / "new" / "events.out.tfevents.2.host").write_bytes(b"y")
+    claim.release()
+    assert files_below(tmp_path) == before and not (tmp_path / "other").exists() and (run_dir / "best").is_dir()
+    claim = RunClaim(log_dir)
+    claim.make()
+    (log_dir / "history.json").write_text("[]")
+    claim.accept()
+    claim.release()  # accepted: the run's files stay
+    assert (log_dir / "history.json").exists()

@@ -232,6 +232,7 @@ def sandbox(tmp_path):
     (tmp_path / "train.py").write_text(STAND_IN)
     (tmp_path / ".venv").symlink_to(REPO / ".venv")
     (tmp_path / "configs").symlink_to(REPO / "configs")
+    (tmp_path / "utils").symlink_to(REPO / "utils")  # utils/launch.py: accelerate launch with the run's exit code
     (tmp_path / "hf" / "accelerate").mkdir(parents=True)
     (tmp_path / "hf" / "accelerate" / "default_config.yaml").write_text(STALE_DEFAULT_CONFIG)
     (tmp_path / "out").mkdir()
