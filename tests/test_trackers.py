@@ -152,3 +152,43 @@ def test_wandb_without_login_is_one_line(tmp_path, tiny_data, capsys, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and losses == []
     assert err[-1].startswith("error: --report-to wandb: No API key configured") and "WANDB_MODE=offline" in err[-1]
+
+
+def test_wandb_without_login_is_caught_by_the_preflight(tmp_path, tiny_data, capsys, monkeypatch):
+    """Issue 21 item 13: before the launch (no model built), the same line the run itself would give."""
+    import train
+    import wandb
+    from tests.test_train import TINY
+
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    wandb.teardown()
+    try:
+        code = train.main([*TINY, "--data", str(tiny_data), "--preflight", "--report-to", "wandb"])
+        monkeypatch.setenv("WANDB_MODE", "offline")
+        offline = train.main([*TINY, "--data", str(tiny_data), "--preflight", "--report-to", "wandb"])
+    finally:
+        wandb.teardown()
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: --report-to wandb: No API key configured; log in with `wandb login`")
+    assert len(err.splitlines()) == 1 and offline == 0
+
+
+def test_a_resumed_wandb_run_says_what_happens_to_the_steps_past_its_checkpoint(tmp_path, caplog):
+    """Issue 21 item 12: W&B keeps only increasing steps; the log says which values a resume cannot replace."""
+    import wandb
+
+    from utils.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path / "logs" / "r", True, ("wandb",))
+    writer.load_state_dict({"history": [{"step": 10, "train/loss": 2.0}], "tracker_run_ids": {"wandb": "abc123"}})
+    try:
+        with caplog.at_level("INFO", logger="piconeox"):
+            writer.start(10, {"preset": "test"})
+    finally:
+        writer.close()
+        wandb.teardown()
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("W&B run abc123")]
+    assert "logs again from step 11" in line and "keep that attempt's values" in line
