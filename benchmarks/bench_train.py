@@ -30,10 +30,11 @@ from utils.optim import build_optimizer  # noqa: E402
 WARMUP = 5
 
 
-def bare_loop(cfg, steps: int) -> float:
+def bare_loop(cfg, steps: int, attention: str = "sdpa") -> float:
     """Median seconds per step of the plainest loop: random tokens, forward, loss, backward, AdamW step."""
     torch.manual_seed(0)
     model = build_model(cfg.model)
+    model.set_attn_implementation(attention)
     opt = build_optimizer(model, cfg.train.learning_rate, cfg.train.weight_decay, (0.9, 0.95))
     tc = cfg.train
     times = []

@@ -223,4 +223,5 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "small": SMALL,
     "production": PRODUCTION,
     "shakespeare-char": SHAKESPEARE_CHAR,
+    "shakespeare-char-fast": SHAKESPEARE_CHAR,
 }

@@ -232,6 +232,8 @@ def test_ctrl_c_during_prepare_stops_at_once_and_keeps_the_old_dataset(tmp_path,
     ("start_training.sh", ["--config", "test", "--gpus", "0", "--", "--bogus"], "unrecognized arguments: --bogus"),
     ("start_training.sh", ["--config", "test", "--gpus", "0", "--", "--set", "train.beta2=5"], "train.beta2=5.0"),
     ("setup.sh", ["--bogus"], "unknown option '--bogus'"),
+    ("benchmarks/shakespeare_char.sh", ["--presets"], "--presets needs a comma-separated list of presets"),
+    ("benchmarks/shakespeare_char.sh", ["--fast"], "unknown argument --fast (allowed: --vs-nanogpt PATH, --presets LIST)"),
 ])
 def test_shell_clis_refuse_bad_values_with_one_line(tmp_path, script, args, message):
     proc = subprocess.run(["bash", str(REPO / script), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,

@@ -33,6 +33,16 @@ def test_rp2040_parameter_counts_match_measured_shapes():
                       "pico-fast": 19560, "pico-best": 46448}
 
 
+def test_fast_shakespeare_preset_is_the_like_for_like_model_and_batch_on_a_shorter_schedule():
+    """shakespeare_char.sh compares both presets with nanoGPT: only the schedule may differ, not model or data."""
+    like, fast = resolve_config("shakespeare-char", None, {}), resolve_config("shakespeare-char-fast", None, {})
+    assert fast.model == like.model
+    same = ("data", "tokenizer", "seq_len", "micro_batch_size", "grad_accum_steps", "beta2", "matmul_precision", "attention")
+    assert [getattr(fast.train, k) for k in same] == [getattr(like.train, k) for k in same]
+    assert fast.train.max_steps < like.train.max_steps and fast.train.learning_rate > like.train.learning_rate
+    assert fast.train.max_steps % fast.train.save_every == 0  # its last step is a full, resumable checkpoint
+
+
 def test_production_shape_on_meta_device():
     with torch.device("meta"):
         model = build_model(MODEL_PRESETS["production"])

@@ -36,6 +36,7 @@ import torch
 from utils.atomic import atomic_write, atomic_write_json
 from utils.crc import crc32c_file
 from utils.errors import PiconeoxError
+from utils.portable import make_portable
 
 MARKER = "COMPLETE"
 STEP_RE = re.compile(r"^step-(\d{8})$")
@@ -262,6 +263,7 @@ def write_common(snap: Snapshot, folder: Path) -> list[str]:
     """config.json, the tokenizer and the small states; returns the names written."""
     snap.hf_config.save_pretrained(folder)
     names = ["config.json"] + [Path(p).name for p in snap.tokenizer.save_pretrained(folder)]
+    names += make_portable(folder)  # transformers 4.x, 5.x and the converters read it the same way
     for name in JSON_PARTS:
         atomic_write_json(folder / f"{name}.json", snap.common[name])
         names.append(f"{name}.json")

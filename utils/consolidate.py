@@ -19,6 +19,7 @@ import torch
 
 from utils import checkpoint as ckpt
 from utils.errors import PiconeoxError
+from utils.portable import make_portable
 
 MODEL_PREFIX = "model."
 
@@ -85,6 +86,7 @@ def consolidate_into(folder: Path) -> Iterator[Path]:
     tmp.mkdir()
     try:
         ckpt.save_pretrained_weights(GPTNeoXConfig.from_pretrained(folder), read_weights(folder), tmp)
+        make_portable(tmp, tokenizer_dir=folder)
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -104,6 +106,7 @@ def consolidate(folder: Path, out: Path) -> Path:
         if path.is_file() and (path.name.startswith(("tokenizer", "special_tokens")) or
                                path.name in {f"{n}.json" for n in ckpt.JSON_PARTS}):
             shutil.copy2(path, tmp / path.name)
+    make_portable(tmp)  # also fixes the tokenizer files of a checkpoint written before utils.portable
     marker = ckpt.read_marker(folder)
     ckpt.write_marker(tmp, marker["step"], marker.get("world_size", 1),
                       ckpt.manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
