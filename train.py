@@ -22,7 +22,7 @@ from pathlib import Path
 
 from utils import exit_status
 from utils.errors import CliParser, PiconeoxError
-from utils.run_folders import RunClaim, check_new_run
+from utils.run_folders import RunClaim, check_new_run, keep_earlier_best
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -259,33 +259,6 @@ def preflight(args, cfg, pretrained) -> Path | None:
     return None
 
 
-def main_decides(accelerator, check) -> None:
-    """Run `check` on the main process (it alone writes the run's folders and trackers) and raise its refusal on
-    every rank, so that no rank is left waiting for one that stopped."""
-    refusal = [None]
-    if accelerator.is_main_process:
-        try:
-            check()
-        except PiconeoxError as e:
-            refusal = [str(e)]
-    if accelerator.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        broadcast_object_list(refusal)
-    if refusal[0]:
-        raise PiconeoxError(refusal[0])
-
-
-def keep_earlier_best(run_dir: Path, log) -> None:
-    """`--resume auto` found no complete checkpoint, so this run starts fresh: an earlier attempt's best/ (a stop
-    before its first checkpoint) moves aside instead of being replaced at the first evaluation."""
-    best = run_dir / "best"
-    if best.is_dir():
-        kept = run_dir / time.strftime("best-earlier-%Y%m%d-%H%M%S", time.gmtime())
-        best.rename(kept)
-        log.warning(f"--resume auto starts fresh: the earlier attempt's {best} is kept as {kept}")
-
-
 def weights_come_from_rank0(accelerator) -> bool:
     """FSDP2 with cpu_ram_efficient_loading: prepare() shards rank 0's weights to every rank, so the others
     build shapes only (the host holds one fp32 model, not one per rank)."""
@@ -433,7 +406,7 @@ def train(args, cleanup: contextlib.ExitStack) -> int:
     from configs.model import count_parameters
     from configs.presets import RunConfig
     from utils import checkpoint as ckpt
-    from utils.distributed import describe, group_timeout, make_accelerator, shorten_timeout
+    from utils.distributed import describe, group_timeout, main_decides, make_accelerator, shorten_timeout
     from utils.loader import BlockLoader
     from utils.metrics import MetricsWriter, ProgressBar, gpu_stats, mfu, model_flops_per_token, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
@@ -739,21 +712,12 @@ def log_sample(model, tokenizer, prompt: str, seed: int, log) -> str:
 
     The same seed and the same gathered weights give every rank the same 200 forwards; rank 0 logs.
     """
-    from utils.generate import sample_text
+    from utils.generate import readable_sample, sample_text
 
-    text = readable(sample_text(model, tokenizer, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=seed),
+    text = readable_sample(sample_text(model, tokenizer, prompt, max_new_tokens=200, temperature=0.8, top_k=40, seed=seed),
                     tokenizer.eos_token)
     log.info("sample:\n" + text)
     return text
-
-
-def readable(text: str, eos: str | None, width: int = 100) -> str:
-    """A sample as lines of at most `width` characters, each document on its own, `eos` on a line between them."""
-    import textwrap
-
-    parts = text.split(eos) if eos else [text]
-    documents = ["\n".join(textwrap.fill(line, width) for line in part.strip().splitlines()) for part in parts]
-    return f"\n{eos}\n".join(documents)
 
 
 def shown_path(path: Path) -> str:

@@ -151,3 +151,20 @@ def route_interface(host: str) -> str | None:
         if int(addr) & mask == dest and (best is None or mask.bit_count() > best[0]):
             best = (mask.bit_count(), fields[0])
     return best[1] if best else None
+
+
+def main_decides(accelerator, check) -> None:
+    """Run `check` on the main process (it alone writes the run's folders and trackers) and raise its refusal on
+    every rank, so that no rank is left waiting for one that stopped."""
+    refusal = [None]
+    if accelerator.is_main_process:
+        try:
+            check()
+        except PiconeoxError as e:
+            refusal = [str(e)]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(refusal)
+    if refusal[0]:
+        raise PiconeoxError(refusal[0])

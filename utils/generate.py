@@ -42,6 +42,15 @@ def sample_text(model, tokenizer, prompt: str, max_new_tokens: int = 200, temper
     return tokenizer.decode(x[0].tolist(), skip_special_tokens=False)
 
 
+def readable_sample(text: str, eos: str | None, width: int = 100) -> str:
+    """A sample as lines of at most `width` characters, each document on its own, `eos` on a line between them."""
+    import textwrap
+
+    parts = text.split(eos) if eos else [text]
+    documents = ["\n".join(textwrap.fill(line, width) for line in part.strip().splitlines()) for part in parts]
+    return f"\n{eos}\n".join(documents)
+
+
 def load_checkpoint_model(folder: str):
     """Model and tokenizer of a checkpoint folder (best/, final/, step-XXXXXXXX/, or a run directory: its best/);
     files are checked against the marker's crc32c first."""

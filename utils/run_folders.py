@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 from utils.atomic import check_writable_dir
@@ -89,3 +90,13 @@ class RunClaim:
         for folder in self.created:  # only while empty: another run may have created its own folder beside ours
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+def keep_earlier_best(run_dir: Path, log) -> None:
+    """`--resume auto` found no complete checkpoint, so this run starts fresh: an earlier attempt's best/ (a stop
+    before its first checkpoint) moves aside instead of being replaced at the first evaluation."""
+    best = run_dir / "best"
+    if best.is_dir():
+        kept = run_dir / time.strftime("best-earlier-%Y%m%d-%H%M%S", time.gmtime())
+        best.rename(kept)
+        log.warning(f"--resume auto starts fresh: the earlier attempt's {best} is kept as {kept}")
