@@ -170,7 +170,7 @@ def test_a_checkpoint_that_never_reached_a_directory_bucket_exits_3_and_push_fin
     assert f"bucket {bucket}/run: " in log and f"{last}" in log.split(f"bucket {bucket}/run: ")[1].splitlines()[0]
     (line,) = [line for line in err.splitlines() if line.startswith("error:")]
     assert line.startswith(f"error: {last} never reached {bucket}/run; upload it with: ")
-    assert f"-m utils.push_checkpoint {run_dir} --checkpoint-bucket {bucket}" in line
+    assert f"utils/push_checkpoint.py {run_dir} --checkpoint-bucket {bucket}" in line
     next_block = log.split("next:", 1)[1]
     assert "/best" not in next_block and f"utils.generate {run_dir / 'final'}" in next_block  # no eval ran: no best/
 

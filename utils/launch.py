@@ -36,7 +36,9 @@ def failed_code(exc: BaseException) -> int:
 def main(argv: list[str] | None = None) -> int:
     from accelerate.commands.launch import launch_command, launch_command_parser
 
-    args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    parser = launch_command_parser()
+    parser.error = lambda message: parser.exit(2, f"error: {message} (see accelerate launch --help)\n")  # one line
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     # torchrun's agent logs every worker's exit as an error and SIGTERMs the rest with warnings; the worker's own
     # line (or its traceback, for a crash) says what happened
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)

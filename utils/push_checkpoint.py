@@ -1,6 +1,6 @@
 """Finish the upload of a run's newest checkpoint after the run could not (it then exited 3 and printed this line).
 
-    python -m utils.push_checkpoint checkpoints/<run> --checkpoint-bucket gs://bucket/ckpt [--credentials KEY.json]
+    python utils/push_checkpoint.py checkpoints/<run> --checkpoint-bucket gs://bucket/ckpt [--credentials KEY.json]
 
 Uploads the newest complete (crc32c-verified) local step-XXXXXXXX/ of the run to <bucket>/<run>/step-XXXXXXXX/,
 where a `--resume auto` with that bucket finds it: only the files the bucket lacks or holds with another crc32c,
@@ -12,6 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file (the printed command works from any folder): the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from utils import checkpoint as ckpt
 from utils import exit_status
