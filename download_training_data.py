@@ -6,8 +6,9 @@ Push (machine -> bucket; manifest.json goes up last):
     python download_training_data.py --push data/tiny --dest gs://my-bucket/data/tiny
 
 Either side may also be a local directory (a plain path or file:///path), which needs no account.
-A re-run transfers only files whose size or crc32c differ. Exit status: 0 all good, 1 some files
-failed (listed on stderr), 2 bad input or storage unreachable.
+A re-run transfers only files whose size or crc32c differ. A downloaded dataset (a manifest.json at its
+top, no --include) is then verified against its manifest. Exit status: 0 all good, 1 some files failed
+(listed on stderr), 2 bad input, storage unreachable, or a copy that does not match its manifest.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from utils.atomic import check_writable_dir
 from utils.errors import CliParser, PiconeoxError
+from utils.shards import MANIFEST_FILE, verify_dataset
 from utils.storage import open_storage
 from utils.sync import SyncSummary, download_tree, upload_tree
 
@@ -60,8 +62,15 @@ def run(args: argparse.Namespace) -> SyncSummary:
         check_writable_dir(args.dest.removeprefix("file://"), "--dest")
     if args.source:
         src = open_storage(args.source, args.credentials, timeout_s=args.timeout)
-        return download_tree(src, Path(args.dest), include=args.include, workers=args.workers,
-                             dry_run=args.dry_run, progress=not args.quiet)
+        summary = download_tree(src, Path(args.dest), include=args.include, workers=args.workers,
+                                dry_run=args.dry_run, progress=not args.quiet)
+        if not (args.dry_run or summary.failed or args.include) and (Path(args.dest) / MANIFEST_FILE).is_file():
+            try:  # every file matched the bucket's crc32c; now the copy must match its own manifest too
+                verify_dataset(args.dest)
+            except PiconeoxError as e:
+                raise PiconeoxError(f"--source {args.source}: the downloaded dataset does not match its manifest: "
+                                    f"{e}") from None
+        return summary
     dst = open_storage(args.dest, args.credentials, timeout_s=args.timeout)
     return upload_tree(Path(args.push), dst, if_absent=args.no_overwrite, workers=args.workers,
                        include=args.include, dry_run=args.dry_run, progress=not args.quiet)

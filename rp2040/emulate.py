@@ -10,7 +10,6 @@ Emulation costs ~10 s of wall time per emulated second.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -21,7 +20,10 @@ from pathlib import Path
 
 from rp2040.bundle import check_model, model_files
 from rp2040.flash import board_files
-from utils.errors import PiconeoxError
+from rp2040.prompt import check_prompt, context_stop, model_config
+from rp2040.uf2 import check_uf2
+from utils.errors import CliParser, PiconeoxError
+from utils.terminal import printable
 
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "emulator.mjs"
@@ -34,6 +36,10 @@ FS_BLOCK_SIZE, FS_BLOCKS, FS_IO_SIZE = 4096, 352, 32
 HEAP_BYTES = 245_888  # MicroPython v1.28 RPI_PICO GC heap
 DEFAULT_PROMPT = "Once upon a time"
 DEFAULT_TOKENS = 16
+# The firmware must answer at its REPL by then (MicroPython v1.28 RPI_PICO does 0.017 emulated seconds after
+# reset): a UF2 that boots nothing stops here instead of at the wall-clock limit. The wall-clock deadline
+# covers a board whose clock stops (asleep with no timer set).
+BOOT_S, BOOT_WALL_S = 2.0, 120.0
 
 
 @dataclass
@@ -68,7 +74,7 @@ class Emulation:
 def tools_missing() -> str | None:
     """Why the emulator cannot run here (no node, npm packages or littlefs-python), or None."""
     if shutil.which("node") is None:
-        return "node is not installed (needed to run the rp2040js emulator)"
+        return "node is not installed (needed to run the rp2040js emulator): install Node.js 18+ (https://nodejs.org/)"
     if not (HERE / "node_modules" / "rp2040js").is_dir():
         return "rp2040js not installed: run ./setup.sh --dev (npm install in rp2040/)"
     try:
@@ -98,14 +104,18 @@ def find_firmware(firmware: Path | None, bootrom: Path | None) -> tuple[Path, Pa
                                 "from https://micropython.org/download/RPI_PICO/ and pass --firmware PATH")
         firmware = found[-1]
     elif not Path(firmware).is_file():
-        raise PiconeoxError(f"--firmware {firmware} does not exist; give a RPI_PICO MicroPython .uf2 "
+        what = "is a folder" if Path(firmware).is_dir() else "does not exist"
+        raise PiconeoxError(f"--firmware {firmware} {what}; give a RPI_PICO MicroPython .uf2 "
                             "(https://micropython.org/download/RPI_PICO/)")
+    elif Path(firmware).suffix != ".bin":  # a raw flash image (.bin) has no header to check: the boot deadline
+        check_uf2(Path(firmware))
     if bootrom is None:
         candidates = [Path(firmware).parent / BOOTROM, SHARED_PICO / BOOTROM]
         bootrom = next((c for c in candidates if c.is_file()), None)
         if bootrom is None:
-            raise PiconeoxError(f"no RP2040 boot ROM ({BOOTROM}) beside the firmware or in {SHARED_PICO}: take "
-                                "the B1 build of raspberrypi/pico-bootrom (the rp2040js demo ships it), pass --bootrom")
+            raise PiconeoxError(f"no RP2040 boot ROM ({BOOTROM}) beside the firmware or in {SHARED_PICO}: take the B1 "
+                                "build of https://github.com/raspberrypi/pico-bootrom (the rp2040js demo ships it), "
+                                "pass --bootrom")
     elif not Path(bootrom).is_file() or Path(bootrom).stat().st_size != 16384:
         raise PiconeoxError(f"--bootrom {bootrom} is not a 16,384-byte RP2040 boot ROM image")
     return Path(firmware), Path(bootrom)
@@ -151,14 +161,16 @@ def emulate(model_dir: Path, prompt: str = DEFAULT_PROMPT, tokens: int = DEFAULT
         raise PiconeoxError(f"--tokens {tokens} must be >= 1")
     files = model_files(Path(model_dir))
     check_model(files["/model/model.bin"])
+    check_prompt(model_config(model_dir), prompt)  # on the host: the board would fail with a MemoryError
+    firmware, bootrom = find_firmware(firmware, bootrom)
     if tools_missing():
         raise PiconeoxError(tools_missing())
-    firmware, bootrom = find_firmware(firmware, bootrom)
     with tempfile.TemporaryDirectory() as tmp:
         image = Path(tmp) / "fs.img"
         image.write_bytes(filesystem_image(board_files(Path(model_dir), True, Path(tmp), None)))
         job = {"firmware": str(firmware), "bootrom": str(bootrom), "fs": str(image), "steps": _steps(prompt, tokens),
-               "done": r"(^|\n)@@ DONE\r?\n", "max_wall_s": max_wall_s}
+               "done": r"(^|\n)@@ DONE\r?\n", "max_wall_s": max_wall_s,
+               "boot_s": BOOT_S, "boot_wall_s": BOOT_WALL_S}
         proc = subprocess.Popen(["node", str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, cwd=HERE)
         proc.stdin.write(json.dumps(job).encode())
@@ -199,6 +211,10 @@ def emulate(model_dir: Path, prompt: str = DEFAULT_PROMPT, tokens: int = DEFAULT
         summary = json.loads(stderr.splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         raise PiconeoxError(f"emulator failed: {stderr[-300:] or 'no output'}") from None
+    if summary["status"] == "no_boot":
+        raise PiconeoxError(f"the emulated Pico did not reach the MicroPython REPL within {BOOT_S:.0f} emulated "
+                            f"seconds: is {firmware} a RPI_PICO MicroPython firmware? "
+                            "(https://micropython.org/download/RPI_PICO/)")
     if summary["status"] != "ok" or result is None:
         tail = " | ".join(line for line in console[-6:] if line.strip())
         raise PiconeoxError(f"emulated Pico stopped ({summary['status']}): {tail[-300:]}")
@@ -209,7 +225,7 @@ def emulate(model_dir: Path, prompt: str = DEFAULT_PROMPT, tokens: int = DEFAULT
 def host_ids(model_dir: Path, prompt_ids: list[int], tokens: int) -> list[int]:
     """The ids the host computes for the same prompt ids and default sampling (the board must equal
     them): the integer reference for int8 models (the spec), the runtime under CPython for f32."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config = model_config(model_dir)
     g = config["generation"]
     if config["dtype"] == "int8":
         from rp2040.reference import ReferenceModel, generate
@@ -232,7 +248,7 @@ def host_ids(model_dir: Path, prompt_ids: list[int], tokens: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rp2040.emulate", description=__doc__.split("\n\n")[0])
+    ap = CliParser(prog="python -m rp2040.emulate", description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir", type=Path, help="an exported model, e.g. models/<name>")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"text to continue (default {DEFAULT_PROMPT!r})")
     ap.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help=f"tokens to generate (default {DEFAULT_TOKENS})")
@@ -248,12 +264,15 @@ def main(argv: list[str] | None = None) -> int:
 
     tok = Tokenizer(str(args.model_dir / "vocab.bin"))
     dec = StreamDecoder(tok)
-    print(args.prompt + "".join(dec.feed(t) for t in run.ids))
+    config = model_config(args.model_dir)
+    print(printable(args.prompt + "".join(dec.feed(t) for t in run.ids)))
+    if note := context_stop(args.tokens, len(run.ids), len(run.prompt_ids), config["shape"]["context"]):
+        print(note)
     same = host_ids(args.model_dir, run.prompt_ids, args.tokens) == run.ids
     print(f"{len(run.ids)} tokens at {run.tok_per_s:.2f} tok/s emulated (125 MHz): step {run.step_ms:.1f} ms = "
           f"forward {run.step_ms - run.sample_ms:.1f} + sampling {run.sample_ms:.1f}; "
           f"prompt ({len(run.prompt_ids)} tokens) {run.prompt_us / 1000:.0f} ms")
-    predicted = json.loads((args.model_dir / "config.json").read_text())["ram"].get("free_after_load_bytes")
+    predicted = config["ram"].get("free_after_load_bytes")
     print(f"heap: {run.heap_loaded:,} bytes free after load ({'layers streamed from flash' if run.stream else 'weights in RAM'}; "
           f"the exporter predicted {predicted:,}), {run.heap_min:,} minimum during generation (GC heap {HEAP_BYTES:,})")
     print(f"ids equal the host's: {'yes' if same else 'NO'}")

@@ -2,10 +2,12 @@
 // talks to its USB-CDC REPL by a script of (wait for text, then type bytes) steps. Used by rp2040/emulate.py.
 //
 // stdin: {"firmware": path (.uf2 or .bin), "bootrom": path, "fs": path (image for flash offset 0xa0000),
-//         "steps": [{"wait": regex, "send": text}, ...], "done": regex, "max_wall_s": seconds}
+//         "steps": [{"wait": regex, "send": text}, ...], "done": regex, "max_wall_s": seconds,
+//         "boot_s": emulated seconds, "boot_wall_s": seconds}: the REPL must answer the first two steps
+//         (the firmware booted) by both deadlines, else status "no_boot" (a firmware that never boots).
 // Each step types `send` once the console output since the previous step matches `wait` (JS regex).
-// stdout: the console, byte for byte. stderr, last line: {"status": "ok"|"error"|"timeout", "cycles",
-//         "emu_ns", "idle_ns", "wall_s"}. Exit 0 only when `done` was printed after the last step.
+// stdout: the console, byte for byte. stderr, last line: {"status": "ok"|"error"|"timeout"|"no_boot",
+//         "cycles", "emu_ns", "idle_ns", "wall_s", "boot_ns"}. Exit 0 only when `done` was printed after the last step.
 //
 // Time: every instruction advances the clock by its Cortex-M0+ cycles at 125 MHz; while the core sleeps
 // (WFI/WFE) the clock jumps to the next timer alarm. MicroPython's ticks_us() reads this clock, so times
@@ -43,12 +45,13 @@ let seen = ""; // console text since the last step was sent
 let step = 0;
 let connected = false;
 let finished = false;
+let bootNs = null; // emulated time when the REPL answered (step 2 reached)
 const typed = []; // bytes waiting for room in the CDC FIFO
 
 function finish(status) {
   if (finished) return;
   finished = true;
-  const summary = { status, cycles: mcu.core.cycles, emu_ns: clock.nanos, idle_ns: idleNs, wall_s: (Date.now() - t0) / 1000 };
+  const summary = { status, cycles: mcu.core.cycles, emu_ns: clock.nanos, idle_ns: idleNs, wall_s: (Date.now() - t0) / 1000, boot_ns: bootNs };
   process.stdout.write("", () => {
     process.stderr.write("\n" + JSON.stringify(summary) + "\n");
     process.exit(status === "ok" ? 0 : 1);
@@ -61,6 +64,7 @@ function advance() {
     for (const ch of job.steps[step].send) typed.push(ch.charCodeAt(0));
     seen = "";
     step++;
+    if (step === 2 && bootNs === null) bootNs = clock.nanos;
   }
 }
 
@@ -94,6 +98,7 @@ function run() {
     while (connected && typed.length && cdc.txFIFO.itemCount < CDC_FIFO) cdc.sendSerialByte(typed.shift());
   }
   if ((Date.now() - t0) / 1000 > job.max_wall_s) return finish("timeout");
+  if (bootNs === null && (clock.nanos > job.boot_s * 1e9 || (Date.now() - t0) / 1000 > job.boot_wall_s)) return finish("no_boot");
   if (!finished) setImmediate(run);
 }
 run();

@@ -11,7 +11,6 @@ atomically, and only after all checks pass.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import struct
@@ -26,8 +25,10 @@ from rp2040.runtime import fixed as fx
 from rp2040.runtime import modelfile as mf
 from rp2040.runtime import tokenizer as vf
 from rp2040.runtime.gpt import buffer_bytes, plan_buffers
-from utils.atomic import atomic_write, atomic_write_json
-from utils.errors import PiconeoxError
+from rp2040.bundle import MODEL_FILES
+from utils.atomic import atomic_write_json
+from utils.errors import CliParser, PiconeoxError
+from utils.outputs import atomic_dir, check_output_dir
 
 DEFAULT_RAM_BUDGET_KB = 180
 DEFAULT_MIN_FREE_KB = 100
@@ -352,6 +353,7 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
         raise PiconeoxError(f"--ram-budget-kb {ram_budget_kb} must be a positive number of KB")
     if min_free_kb < 0:
         raise PiconeoxError(f"--min-free-kb {min_free_kb} must be >= 0")
+    check_output_dir(out, "--out", is_export, "an exported model")
     src = resolve_checkpoint(Path(checkpoint))
     if not (src / "tokenizer.json").is_file():
         raise PiconeoxError(f"{src} has no tokenizer.json: the device needs it to encode and decode text")
@@ -374,8 +376,8 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
     if estimate > min(budget, BOARD_HEAP_FREE_BYTES) and not force:
         raise PiconeoxError(f"{src.name} as {dtype} needs about {estimate // 1024} KB of heap "
                             f"(even streaming layers from flash), over the {ram_budget_kb} KB budget or the "
-                            f"{BOARD_HEAP_FREE_BYTES // 1024} KB a Pico has free; use --dtype int8, a smaller "
-                            "model, --ram-budget-kb, or --force")
+                            f"{BOARD_HEAP_FREE_BYTES // 1024} KB a Pico has free; use "
+                            f"{'' if dtype == 'int8' else '--dtype int8, '}a smaller model, --ram-budget-kb, or --force")
     config = {
         "format": {"model.bin": mf.VERSION, "vocab.bin": vf.VERSION},
         "source": str(src),
@@ -389,19 +391,26 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
         "runtime": {"stream": stream},
         "generation": GENERATION_DEFAULTS,
     }
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, data in (("model.bin", model_bin), ("vocab.bin", vocab_bin)):
-        with atomic_write(out / name) as f:
-            f.write(data)
-    atomic_write_json(out / "config.json", config)
+    with atomic_dir(out) as tmp:
+        (tmp / "model.bin").write_bytes(model_bin)
+        (tmp / "vocab.bin").write_bytes(vocab_bin)
+        atomic_write_json(tmp / "config.json", config)
     return config
 
 
+def is_export(folder: Path) -> bool:
+    """True for a folder this exporter wrote (only model files, config.json with a "format"): --out may replace it."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "format" in config and {p.name for p in folder.iterdir()} <= set(MODEL_FILES)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rp2040.export", description=__doc__.split("\n\n")[0])
+    ap = CliParser(prog="python -m rp2040.export", description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoint", type=Path, help="HF model dir, checkpoints/<run>/step-N/, or checkpoints/<run>/")
-    ap.add_argument("--out", type=Path, required=True, help="output dir, e.g. models/<name>")
+    ap.add_argument("--out", type=Path, required=True, help="output dir, e.g. models/<name> (new, empty, or an earlier export)")
     ap.add_argument("--dtype", default="int8", help="f32 or int8 (default int8)")
     ap.add_argument("--ram-budget-kb", type=int, default=DEFAULT_RAM_BUDGET_KB,
                     help=f"refuse models whose estimated heap exceeds this (default {DEFAULT_RAM_BUDGET_KB})")

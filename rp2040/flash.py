@@ -8,7 +8,6 @@ with --prompt, /prompt.txt (main.py then generates from it instead of asking at 
 """
 from __future__ import annotations
 
-import argparse
 import shlex
 import shutil
 import subprocess
@@ -18,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rp2040.bundle import DEVICE_MODEL_DIR, DEVICE_PACKAGE, check_model, compile_runtime, model_files, runtime_files
+from rp2040.prompt import check_prompt, model_config
 from utils.atomic import atomic_write
-from utils.errors import PiconeoxError
+from utils.errors import CliParser, PiconeoxError
 
 RP2040_USB_VID = 0x2E8A  # Raspberry Pi: the Pico's MicroPython USB serial
 FREE_FLASH_CMD = "import os; s = os.statvfs('/'); print(s[0] * s[3])"
@@ -102,6 +102,9 @@ def board_files(model_dir: Path, mpy: bool, build_dir: Path, prompt: str | None)
     """Device path -> host path of everything to copy."""
     files = model_files(model_dir)  # first: refuses a model dir without its files before any work
     check_model(files[f"{DEVICE_MODEL_DIR}/model.bin"])  # truncated, foreign or corrupt: refused here, not on the board
+    config = model_config(model_dir)  # a config.json the board could not parse: named here
+    if prompt is not None:
+        check_prompt(config, prompt)
     runtime = runtime_files()
     files = {**(compile_runtime(runtime, build_dir, march="armv6m") if mpy else runtime), **files}
     if prompt is not None:
@@ -112,7 +115,7 @@ def board_files(model_dir: Path, mpy: bool, build_dir: Path, prompt: str | None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rp2040.flash", description=__doc__.split("\n\n")[0])
+    ap = CliParser(prog="python -m rp2040.flash", description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir", type=Path, help="an exported model, e.g. models/<name>")
     ap.add_argument("--port", default="auto", help="serial port, or auto (first Raspberry Pi USB device)")
     ap.add_argument("--mpy", action="store_true", help="precompile the runtime with mpy-cross -march=armv6m")

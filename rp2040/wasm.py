@@ -33,7 +33,7 @@ class CallResult:
 def unavailable() -> str | None:
     """Why MicroPython cannot run here, or None when it can."""
     if shutil.which("node") is None:
-        return "node is not installed (needed to run MicroPython WebAssembly)"
+        return "node is not installed (needed to run MicroPython WebAssembly): install Node.js 18+ (https://nodejs.org/)"
     if not (PACKAGE / "micropython.mjs").is_file():
         return "MicroPython WebAssembly not installed: run ./setup.sh --dev (npm install in rp2040/)"
     return None

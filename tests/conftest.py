@@ -18,13 +18,20 @@ pytest_plugins = ["tests.gcs_servers"]
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
+# The skip reason says where each file comes from (README, "Tests without ../shared").
+SHARED_DATA_MISSING = (
+    f"real text not found at {SHARED_DATA}: put Tiny Shakespeare there as tinyshakespeare/input.txt "
+    "(https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt), TinyStories "
+    "as tinystories/tinystories_10k.txt and tinystories_val.txt (https://huggingface.co/datasets/roneneldan/TinyStories)"
+    " and WikiText-2 as wikitext-2/valid.txt and test.txt (https://github.com/pytorch/examples, "
+    "word_language_model/data/wikitext-2)")
 
 
 @pytest.fixture
 def shared_data() -> Path:
     """The real corpora in ../shared/data; skips when they are not there."""
     if not SHARED_DATA.is_dir():
-        pytest.skip(f"real text not found at {SHARED_DATA} (see DEVELOPERS.md)")
+        pytest.skip(SHARED_DATA_MISSING)
     return SHARED_DATA
 
 

@@ -119,6 +119,112 @@ def test_python_clis_refuse_bad_values_with_one_line(tmp_path, tiny_data):
     assert {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*")} == before  # nothing written or changed
 
 
+@pytest.fixture(scope="module")
+def pico(tmp_path_factory):
+    """(checkpoint, exported int8 model) of the rp2040-speed preset: what the rp2040 CLIs take."""
+    from rp2040.export import export
+    from tests.rp2040_models import save_checkpoint
+
+    d = tmp_path_factory.mktemp("pico")
+    ckpt = save_checkpoint("rp2040-speed", d / "ckpt")[0]
+    export(ckpt, d / "model", "int8")
+    return ckpt, d / "model"
+
+
+def uf2_block(family: int) -> bytes:
+    """One UF2 block (family id flag set) of zeros at the start of the RP2040's flash."""
+    import struct
+
+    from rp2040 import uf2
+
+    head = struct.pack("<8I", uf2.MAGIC_START0, uf2.MAGIC_START1, uf2.FLAG_FAMILY_ID, 0x10000000, 256, 0, 1, family)
+    return head + bytes(476) + struct.pack("<I", uf2.MAGIC_END)
+
+
+def test_round3_classes_are_one_line_in_every_cli(tmp_path, tmp_path_factory, tiny_data, pico):
+    """Issue 21 items 1-5 and 14, issue 24 item 6: each class of mistake, in every CLI of that class, through the
+    one mechanism the class has (utils.outputs, utils.devices, utils.textfile, rp2040.uf2, rp2040.prompt)."""
+    import torch
+
+    ckpt, model = pico
+    png = binary_file(tmp_path / "loss.png")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("some notes\n")
+    exported = tmp_path / "exported"  # an exported Pico model: not utils.consolidate's to replace
+    shutil.copytree(model, exported)
+    other = tmp_path / "other"  # a folder of the user's own files
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    (tmp_path / "runs" / "r" / "best").mkdir(parents=True)  # a checkpoints root
+    garbage = tmp_path / "garbage-config"
+    shutil.copytree(model, garbage)
+    (garbage / "config.json").write_text("{not json")
+    (tmp_path / "family.uf2").write_bytes(uf2_block(0xADA52840))  # an nRF52840 image
+    long_prompt = "a" * 20_000
+    wrong_crc = tmp_path / "wrong-crc"
+    shutil.copytree(tiny_data, wrong_crc)
+    manifest = json.loads((wrong_crc / "manifest.json").read_text())
+    manifest["shards"][0]["crc32c"] ^= 1
+    (wrong_crc / "manifest.json").write_text(json.dumps(manifest))
+    download_dest = tmp_path_factory.mktemp("download") / "copy"  # written (a faithful copy), outside the check
+    txt = str(a_file)
+    before = {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*")}
+    cases = [
+        # 1. output paths: checked before any work, never over someone else's folder
+        ("rp2040.export", [str(ckpt), "--out", str(a_file / "sub")], "is a file, not a folder"),
+        ("rp2040.export", [str(ckpt), "--out", "/proc/piconeox"], "cannot write in /proc"),
+        ("rp2040.export", [str(ckpt), "--out", str(other)], "holds other files (keep.txt), not an exported model"),
+        ("utils.evaluate", ["missing", "--eval-perplexity", txt, "--output", str(a_file / "r.json")],
+         f"--output {a_file / 'r.json'}: {a_file} is a file, not a folder"),
+        ("utils.evaluate", ["missing", "--eval-perplexity", txt, "--output", str(tmp_path)], "is a folder: give a file"),
+        ("utils.consolidate", [str(tmp_path), "--out", str(exported)], "not a consolidated checkpoint"),
+        ("utils.consolidate", [str(tmp_path), "--out", str(a_file / "sub")], "is a file, not a folder"),
+        # 2. devices
+        ("utils.evaluate", ["missing", "--eval-perplexity", txt, "--device", "tpu"], "--device 'tpu' is not allowed"),
+        *([] if torch.cuda.is_available() else
+          [("utils.evaluate", ["missing", "--eval-perplexity", txt, "--device", "cuda"], "no CUDA GPU")]),
+        # 3. binary input: the one text reader
+        ("utils.evaluate", ["missing", "--eval-perplexity", png], f"--eval-perplexity {png}: not UTF-8 at byte 0"),
+        ("utils.evaluate", ["missing", "--eval-perplexity", str(tmp_path)], "is a folder, not a text file"),
+        # 4. silent successes
+        ("download_training_data", ["--source", str(wrong_crc), "--dest", str(download_dest), "--quiet"],
+         "the downloaded dataset does not match its manifest"),
+        ("utils.evaluate", ["missing", "--tasks", ","], "--tasks ',' names no task"),
+        # 5. a firmware that is not an RP2040 UF2
+        ("rp2040.emulate", [str(model), "--firmware", txt], "is not a UF2 image"),
+        ("rp2040.emulate", [str(model), "--firmware", str(tmp_path / "family.uf2")], "a UF2 image for another chip"),
+        # 14. flag mistakes are one line in every CLI
+        *[(cli, [str(model), "--bogus"], "unrecognized arguments: --bogus")
+          for cli in ("rp2040.run", "rp2040.emulate", "rp2040.flash", "utils.evaluate")],
+        *[(cli, [str(model), "--out", str(tmp_path / "new"), "--bogus"], "unrecognized arguments: --bogus")
+          for cli in ("rp2040.export", "utils.consolidate")],
+        # issue 24, 6: the prompt limit on the host (both CLIs agree), per-flag messages, files named, folders told apart
+        *[(cli, [str(model), "--prompt", long_prompt], "prompt too long for the Pico's RAM: 20,000 characters, at most")
+          for cli in ("rp2040.run", "rp2040.emulate")],
+        ("utils.evaluate", ["missing", "--tasks", "x", "--batch-size", "0"], "--batch-size '0': must be a positive"),
+        ("utils.evaluate", ["missing", "--tasks", "x", "--limit", "0"], "--limit 0: must be a positive integer"),
+        ("utils.evaluate", ["missing", "--tasks", "x", "--num-fewshot", "-1"], "--num-fewshot -1: must be an integer"),
+        *[(cli, [str(garbage)], f"{garbage / 'config.json'} is not valid JSON") for cli in ("rp2040.run", "rp2040.emulate")],
+        ("utils.generate", [str(tmp_path / "runs")], "is a folder of runs (r), not a checkpoint"),
+        ("utils.evaluate", [str(tmp_path / "runs"), "--eval-perplexity", txt], "is a folder of runs (r), not a checkpoint"),
+        ("utils.generate", [txt], "is a file, not a checkpoint folder"),
+        ("utils.evaluate", [txt, "--eval-perplexity", txt], "is a file, not a checkpoint folder"),
+        ("rp2040.export", [str(ckpt), "--out", str(tmp_path / "new"), "--ram-budget-kb", "1"],
+         "KB a Pico has free; use a smaller model, --ram-budget-kb, or --force"),
+    ]
+    results = run_cli_cases([(m, argv) for m, argv, _ in cases], tmp_path)
+    failed = []
+    for (module, argv, message), (code, err) in zip(cases, results):
+        try:
+            assert_one_error_line(code, err, message, f"{module} {' '.join(argv)[:200]}")
+            if "--bogus" in argv:  # item 14: the one line only, not argparse's usage block above it
+                assert len(err.strip().splitlines()) == 1, f"{module} --bogus:\n{err}"
+        except AssertionError as e:
+            failed.append(str(e))
+    assert not failed, "\n\n".join(failed)
+    assert {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*")} == before  # nothing written or changed
+
+
 @pytest.mark.parametrize("eval_batches", ["0", "x"])
 def test_eval_batches_flag_reaches_the_config(eval_batches):
     import train

@@ -55,8 +55,11 @@ def test_push_and_download_with_a_local_bucket(text_tree, tmp_path, capsys):
     assert cli.main(["--push", str(src), "--dest", bucket, "--dry-run", "--quiet"]) == 0
     assert "dry run: would have uploaded" in capsys.readouterr().out and not (tmp_path / "bucket").exists()
     assert cli.main(["--push", str(src), "--dest", bucket, "--quiet"]) == 0
-    assert cli.main(["--source", bucket, "--dest", str(tmp_path / "copy"), "--quiet"]) == 0
+    capsys.readouterr()
+    # a faithful copy, then the dataset check: this manifest.json ("{}") describes no dataset
+    assert cli.main(["--source", bucket, "--dest", str(tmp_path / "copy"), "--quiet"]) == 2
     assert all((tmp_path / "copy" / n).read_bytes() == d for n, d in text_tree.items())
+    assert "the downloaded dataset does not match its manifest" in capsys.readouterr().err
 
 
 def test_bad_flags_are_refused(tmp_path, capsys):

@@ -95,8 +95,20 @@ def test_bad_input_is_one_line(tmp_path, run_dir, capsys):
         ([str(tmp_path / "nope"), "--eval-perplexity", __file__], "no such checkpoint folder"),
         ([str(run_dir), "--eval-perplexity", str(tmp_path / "none.txt")], "--eval-perplexity"),
         ([str(run_dir), "--tasks", "tiny_hellaswag", "--include-path", str(tmp_path / "none")], "no such folder of task YAML"),
-        ([str(run_dir), "--tasks", "tiny_hellaswag", "--batch-size", "0"], "--batch-size must be a positive integer or auto"),
+        ([str(run_dir), "--tasks", "tiny_hellaswag", "--batch-size", "0"], "--batch-size '0': must be a positive integer or auto"),
     ]:
         assert evaluate_main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_no_lm_eval_warnings_about_the_model_we_hand_it(tmp_path, run_dir, caplog):
+    """Issue 24 item 6: lm-eval's two warnings about a built model are ours on purpose, so not shown."""
+    import logging
+
+    text = tmp_path / "t.txt"
+    text.write_text("Once upon a time there was a cat.\n")
+    with caplog.at_level(logging.WARNING):
+        assert evaluate_main([str(run_dir / "best"), "--eval-perplexity", str(text), "--device", "cpu"]) == 0
+    shown = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [m for m in shown if "pretrained" in m], shown

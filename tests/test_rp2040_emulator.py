@@ -55,3 +55,39 @@ def test_missing_firmware_is_one_clear_line(speed_int8, tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"error: --firmware {tmp_path / 'none.uf2'} does not exist; give a "
                                              "RPI_PICO MicroPython .uf2 (https://micropython.org/download/RPI_PICO/)"]
+
+
+@needs_emulator
+def test_a_uf2_that_boots_nothing_stops_at_the_boot_deadline(speed_int8, tmp_path, monkeypatch):
+    """A valid RP2040 UF2 without MicroPython (zeros at the flash start): the boot ROM finds no program and the
+    board never answers; the boot deadline stops it instead of the wall-clock limit (deadlines made short)."""
+    import time
+
+    from tests.test_bad_inputs import uf2_block
+
+    blank = tmp_path / "blank.uf2"
+    blank.write_bytes(uf2_block(0xE48BFF56))
+    monkeypatch.setattr(emulate, "BOOT_S", 1.0)
+    monkeypatch.setattr(emulate, "BOOT_WALL_S", 15.0)
+    start = time.monotonic()
+    with pytest.raises(PiconeoxError, match="did not reach the MicroPython REPL within 1 emulated seconds"):
+        emulate.emulate(speed_int8, tokens=1, firmware=blank, bootrom=emulate.SHARED_PICO / emulate.BOOTROM,
+                        progress=False, max_wall_s=300)
+    assert time.monotonic() - start < 60
+
+
+def test_skip_reasons_say_where_to_get_what_is_missing(monkeypatch, tmp_path):
+    """Issue 21 item 15: a bare clone's skips name the download page, not only what is missing."""
+    from rp2040 import wasm
+    from tests.conftest import SHARED_DATA_MISSING
+
+    for url in ("karpathy/char-rnn", "roneneldan/TinyStories", "pytorch/examples"):
+        assert url in SHARED_DATA_MISSING
+    monkeypatch.setattr(emulate, "SHARED_PICO", tmp_path)
+    with pytest.raises(PiconeoxError, match=r"https://micropython.org/download/RPI_PICO/"):
+        emulate.find_firmware(None, None)
+    (tmp_path / "micropython-v1.28.0-rpi_pico.uf2").write_bytes(b"")
+    with pytest.raises(PiconeoxError, match=r"https://github.com/raspberrypi/pico-bootrom"):
+        emulate.find_firmware(None, None)
+    monkeypatch.setattr(emulate.shutil, "which", lambda name, **kw: None)
+    assert "https://nodejs.org/" in emulate.tools_missing() and "https://nodejs.org/" in wasm.unavailable()

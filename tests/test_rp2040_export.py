@@ -159,3 +159,18 @@ def test_run_cli_generates_on_the_host(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "rp2040.run", tmp_path / "nope"], capture_output=True,
                              text=True, cwd=REPO)
     assert missing.returncode == 2 and missing.stderr.startswith(f"error: {tmp_path / 'nope'} is missing model.bin")
+
+
+def test_run_says_why_it_stopped_and_escapes_control_characters(tmp_path):
+    """Issue 24 item 6: a generation cut short by the context says so; an ESC in the prompt is shown, not obeyed."""
+    from tests.rp2040_models import save_checkpoint
+
+    export(save_checkpoint("rp2040-speed", tmp_path / "ckpt")[0], tmp_path / "m", "int8")
+    context = json.loads((tmp_path / "m" / "config.json").read_text())["shape"]["context"]
+    r = subprocess.run([sys.executable, "-m", "rp2040.run", str(tmp_path / "m"), "--prompt", "\x1b[2JHi",
+                        "--max-new-tokens", "100000", "--temperature", "0"], capture_output=True, text=True,
+                       cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and r.stdout.startswith("\\x1b[2JHi")
+    assert f"stopped after {context - 6} of 100000 tokens: the model's context is {context} tokens (6 of the prompt" \
+        in r.stdout  # the byte tokenizer: 6 characters, 6 tokens

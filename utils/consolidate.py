@@ -18,7 +18,8 @@ from typing import Iterator
 import torch
 
 from utils import checkpoint as ckpt
-from utils.errors import PiconeoxError
+from utils.errors import CliParser, PiconeoxError
+from utils.outputs import atomic_dir, check_output_dir
 from utils.portable import make_portable
 
 MODEL_PREFIX = "model."
@@ -92,31 +93,40 @@ def consolidate_into(folder: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def is_consolidated(folder: Path) -> bool:
+    """True for a from_pretrained folder with its marker, as consolidate() writes (what --out may replace)."""
+    return (folder / ckpt.MARKER).is_file() and (folder / "model.safetensors").is_file() and \
+        not any(p.is_dir() for p in folder.iterdir())
+
+
 def consolidate(folder: Path, out: Path) -> Path:
     """Write `folder`'s weights as a from_pretrained folder `out` (atomically, marker last)."""
     folder, out = Path(folder), Path(out)
-    checked(folder)
     if out.resolve() == folder.resolve():
         raise PiconeoxError(f"--out {out}: must differ from the checkpoint folder")
-    tmp = ckpt.fresh_tmp(out)
-    with consolidate_into(folder) as weights:
+    check_output_dir(out, "--out", is_consolidated, "a consolidated checkpoint")
+    checked(folder)
+    with atomic_dir(out) as tmp, consolidate_into(folder) as weights:
         for path in weights.iterdir():
             shutil.move(path, tmp / path.name)
-    for path in folder.iterdir():  # the tokenizer and the small json states travel along
-        if path.is_file() and (path.name.startswith(("tokenizer", "special_tokens")) or
-                               path.name in {f"{n}.json" for n in ckpt.JSON_PARTS}):
-            shutil.copy2(path, tmp / path.name)
-    make_portable(tmp)  # also fixes the tokenizer files of a checkpoint written before utils.portable
-    marker = ckpt.read_marker(folder)
-    ckpt.write_marker(tmp, marker["step"], marker.get("world_size", 1),
-                      ckpt.manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
-    return ckpt.swap_into_place(tmp, out)
+        for path in folder.iterdir():  # the tokenizer and the small json states travel along
+            if path.is_file() and (path.name.startswith(("tokenizer", "special_tokens")) or
+                                   path.name in {f"{n}.json" for n in ckpt.JSON_PARTS}):
+                shutil.copy2(path, tmp / path.name)
+        make_portable(tmp)  # also fixes the tokenizer files of a checkpoint written before utils.portable
+        marker = ckpt.read_marker(folder)
+        ckpt.write_marker(tmp, marker["step"], marker.get("world_size", 1),
+                          ckpt.manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
+    return out
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(
+        prog="python -m utils.consolidate", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", type=Path, help="a complete checkpoint folder, e.g. checkpoints/<run>/step-00000100")
-    p.add_argument("--out", type=Path, required=True, help="the from_pretrained folder to write")
+    p.add_argument("--out", type=Path, required=True, help="the from_pretrained folder to write (new, empty, or "
+                   "an earlier output of this command)")
     args = p.parse_args(argv)
     try:
         if not args.checkpoint.is_dir():

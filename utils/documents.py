@@ -21,6 +21,7 @@ from typing import Iterator
 
 from utils.demo_corpus import generate_stories
 from utils.errors import PiconeoxError
+from utils.textfile import not_utf8
 from utils.tokenizers import EOT
 
 DECODE_ERRORS = ("strict", "replace")
@@ -48,8 +49,7 @@ class TextFile:
                 try:
                     line = raw.decode("utf-8", errors=self.errors)
                 except UnicodeDecodeError as e:
-                    raise PiconeoxError(f"{self.path}: not UTF-8 at byte {offset + e.start} ({e.reason}); "
-                                        "fix the file or pass --errors replace") from None
+                    raise PiconeoxError(f"{not_utf8(self.path, offset, e)}; fix the file or pass --errors replace") from None
                 if offset == 0:
                     line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not text
                 offset += len(raw)

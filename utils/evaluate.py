@@ -15,11 +15,29 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import logging
 import math
 import sys
 from pathlib import Path
 
-from utils.errors import PiconeoxError
+from utils.devices import resolve_device
+from utils.errors import CliParser, PiconeoxError
+from utils.generate import checkpoint_folder
+from utils.outputs import check_output_file
+from utils.textfile import read_text
+
+
+# lm-eval warns on every run that it was handed a built model: we do that on purpose (our checkpoints, verified).
+HANDED_MODEL_WARNINGS = ("`pretrained` model kwarg is not of type `str`", "Passed an already-initialized model")
+
+
+def _not_handed_model_warning(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(HANDED_MODEL_WARNINGS)
+
+
+def quiet_lm_eval() -> None:
+    """Drop lm-eval's two warnings about a built model; its other warnings stay."""
+    logging.getLogger("lm_eval.models.huggingface").addFilter(_not_handed_model_warning)  # once: same filter object
 
 
 def load_lm(checkpoint: str, batch_size: int | str, device: str):
@@ -79,7 +97,9 @@ def text_perplexity(lm, text: str) -> dict[str, float]:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(
+        prog="python -m utils.evaluate", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="checkpoints/<run>/best, final or step-XXXXXXXX (a run directory: its best/)")
     p.add_argument("--tasks", help="comma-separated lm-eval tasks, e.g. hellaswag,lambada_openai,arc_easy,piqa,winogrande")
     p.add_argument("--include-path", metavar="DIR", help="folder of extra lm-eval task YAML files")
@@ -87,34 +107,43 @@ def parse_args(argv):
     p.add_argument("--limit", type=int, help="only the first N examples of each task (a quick look, not a score)")
     p.add_argument("--num-fewshot", type=int, help="few-shot examples per prompt (default: each task's own)")
     p.add_argument("--batch-size", default="8", help="examples per forward pass, or auto (default 8)")
-    p.add_argument("--device", help="cpu or cuda (default: cuda when there is one)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when there is one)")
     p.add_argument("--seed", type=int, default=1234, help="seed for few-shot sampling (default 1234, lm-eval's)")
     p.add_argument("--output", metavar="FILE", help="also write the numbers as JSON")
     args = p.parse_args(argv)
-    if not args.tasks and not args.eval_perplexity:
+    if args.tasks is None and not args.eval_perplexity:
         p.error("give --tasks, --eval-perplexity, or both")
     return args
 
 
-def main(argv=None) -> int:
-    import torch
+def check_args(args) -> tuple[list[str], int | str]:
+    """(task names, batch size) once every flag is known good; one line naming the flag otherwise."""
+    tasks = [t.strip() for t in (args.tasks or "").split(",") if t.strip()]
+    if args.tasks is not None and not tasks:
+        raise PiconeoxError(f"--tasks {args.tasks!r} names no task: give comma-separated names, e.g. hellaswag,piqa")
+    if not (args.batch_size == "auto" or args.batch_size.isdigit() and int(args.batch_size) > 0):
+        raise PiconeoxError(f"--batch-size {args.batch_size!r}: must be a positive integer or auto")
+    if args.limit is not None and args.limit < 1:
+        raise PiconeoxError(f"--limit {args.limit}: must be a positive integer (examples per task)")
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise PiconeoxError(f"--num-fewshot {args.num_fewshot}: must be an integer >= 0")
+    if args.output:
+        check_output_file(args.output, "--output")
+    return tasks, args.batch_size if args.batch_size == "auto" else int(args.batch_size)
 
+
+def main(argv=None) -> int:
     from utils.atomic import atomic_write_json
 
     args = parse_args(argv)
     try:
-        tasks = [t.strip() for t in (args.tasks or "").split(",") if t.strip()]
-        batch = args.batch_size if args.batch_size == "auto" else int(args.batch_size) if args.batch_size.isdigit() else 0
-        if not batch or (args.limit is not None and args.limit < 1) or (args.num_fewshot is not None and args.num_fewshot < 0):
-            raise PiconeoxError("--batch-size must be a positive integer or auto, --limit positive, --num-fewshot >= 0")
-        text = None
-        if args.eval_perplexity:
-            path = Path(args.eval_perplexity)
-            if not path.is_file():
-                raise PiconeoxError(f"--eval-perplexity {path}: no such file")
-            text = path.read_text(encoding="utf-8")
+        tasks, batch = check_args(args)
+        device = resolve_device(args.device)
+        text = read_text(args.eval_perplexity, "--eval-perplexity") if args.eval_perplexity else None
+        checkpoint_folder(args.checkpoint)  # before the task index: that takes half a minute to build
+        quiet_lm_eval()
         manager = task_manager(tasks, args.include_path) if tasks else None  # unknown names fail before loading
-        lm = load_lm(args.checkpoint, batch, args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        lm = load_lm(args.checkpoint, batch, device)
         out: dict = {"checkpoint": args.checkpoint}
         if tasks:
             from lm_eval.utils import make_table

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from utils.errors import CliParser, PiconeoxError
+from utils.terminal import printable
 from utils.tokenizers import tokenizer_kind
 
 
@@ -58,14 +59,37 @@ def load_checkpoint_model(folder: str):
 
     from utils.consolidate import load_model
 
+    path = checkpoint_folder(folder)
+    return load_model(path), AutoTokenizer.from_pretrained(str(path))
+
+
+def checkpoint_folder(folder: str) -> Path:
+    """The checkpoint folder the user means (a run directory: its best/); one line when there is none."""
     path = Path(folder)
     if not path.is_dir():
-        raise PiconeoxError(f"{folder}: no such checkpoint folder (give checkpoints/<run>/best, final or step-XXXXXXXX)")
+        what = "is a file, not a checkpoint folder" if path.exists() else "no such checkpoint folder"
+        raise PiconeoxError(f"{folder}: {what} (give checkpoints/<run>/best, final or step-XXXXXXXX)")
     if not (path / "config.json").exists() and (path / "best").is_dir():
         path = path / "best"  # a run directory: its best weights
     if not (path / "COMPLETE").exists():
-        raise PiconeoxError(f"{path} has no COMPLETE marker (an interrupted save)")
-    return load_model(path), AutoTokenizer.from_pretrained(str(path))
+        raise PiconeoxError(no_checkpoint_here(path))
+    return path
+
+
+def no_checkpoint_here(path: Path) -> str:
+    """Why the folder `path` (no COMPLETE marker) is not a checkpoint: a folder of runs, a run without best/, an
+    interrupted save or something else."""
+    subs = sorted(p.name for p in path.iterdir() if p.is_dir())
+    runs = [s for s in subs if any((path / s / c).is_dir() for c in ("best", "final"))]
+    steps = [s for s in subs if s.startswith("step-")]
+    give = "give checkpoints/<run>/best, final or step-XXXXXXXX"
+    if runs:
+        return f"{path} is a folder of runs ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}), not a checkpoint: {give}"
+    if steps:
+        return f"{path} is a run folder without best/ or final/: give one of its steps, e.g. {path / steps[-1]}"
+    if (path / "config.json").exists():
+        return f"{path} has no COMPLETE marker (an interrupted save)"
+    return f"{path} holds no checkpoint: {give}"
 
 
 def evaluate_checkpoint(model, tokenizer, data_dir: str, seq_len: int, batch_size: int, num_batches: int) -> float:
@@ -124,8 +148,8 @@ def main(argv=None) -> int:
             if unknown and tokenizer_kind(tokenizer.backend_tokenizer) == "char":  # byte and BPE encode any text
                 raise PiconeoxError(f"--prompt {args.prompt!r} has characters this checkpoint's tokenizer does not "
                                     f"know ({', '.join(map(repr, unknown[:5]))}): they would be dropped silently")
-            print(sample_text(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature,
-                              args.top_k or None, args.seed))
+            print(printable(sample_text(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature,
+                                        args.top_k or None, args.seed)))
     except PiconeoxError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
