@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: the repository root on the path, like train.py has it
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # not utils/: its tokenizers.py would shadow the package
 
 from utils import exit_status  # noqa: E402
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file (the printed command works from any folder): the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # not utils/: its tokenizers.py would shadow the package
 
 from utils import checkpoint as ckpt
 from utils import exit_status
