@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 
 from utils.atomic import check_writable_dir
-from utils.errors import CliParser, PiconeoxError
-from utils.shards import MANIFEST_FILE, verify_dataset
+from utils.errors import CliParser, Interrupted, PiconeoxError, cli
+from utils.data.shards import MANIFEST_FILE, verify_dataset
 from utils.storage import open_storage
-from utils.sync import SyncSummary, download_tree, upload_tree
+from utils.storage.sync import SyncSummary, download_tree, upload_tree
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,12 +81,14 @@ def report(summary: SyncSummary, *, pushing: bool, dry_run: bool) -> str:
     verb = "uploaded" if pushing else "downloaded"
     mb = summary.bytes / 1e6
     if dry_run:
-        return f"dry run: would have {verb} {summary.downloaded} files ({mb:.1f} MB), skipped {summary.skipped}, refused {summary.failed}"
+        return (f"dry run: would have {verb} {summary.downloaded} files ({mb:.1f} MB), skipped {summary.skipped}, "
+                f"refused {summary.failed}")
     rate = mb / summary.seconds if summary.seconds > 0 else 0.0
     return (f"{verb} {summary.downloaded} files ({mb:.1f} MB, {rate:.1f} MB/s), "
             f"skipped {summary.skipped}, failed {summary.failed}")
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(levelname)s: %(message)s", level=logging.WARNING)
@@ -94,12 +96,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         summary = run(args)
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print("error: interrupted; no partial file was kept under its final name, re-run to resume", file=sys.stderr)
-        return 130
+        raise Interrupted("interrupted; no partial file was kept under its final name, re-run to resume") from None
     for line in summary.errors:
         print(f"failed: {line}", file=sys.stderr)
     print(report(summary, pushing=bool(args.push), dry_run=args.dry_run))

@@ -27,15 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from configs.model import ModelConfig, build_model  # noqa: E402
-from prepare_data import prepare  # noqa: E402
-from train import TrainerState, lm_loss  # noqa: E402
-from utils import checkpoint as ckpt  # noqa: E402
-from utils.loader import BlockLoader  # noqa: E402
+from utils.data.prepare import prepare  # noqa: E402
+from utils import ckpt  # noqa: E402
+from utils.data.loader import BlockLoader  # noqa: E402
+from utils.lm import lm_loss  # noqa: E402
 from utils.metrics import MetricsWriter  # noqa: E402
 from utils.optim import build_optimizer, build_scheduler  # noqa: E402
 from utils.storage import open_storage  # noqa: E402
-from utils.tokenizers import load_tokenizer  # noqa: E402
-from utils.uploader import CheckpointUploader, SaveRequest  # noqa: E402
+from utils.data.tokenizers import load_tokenizer  # noqa: E402
+from utils.ckpt.uploader import CheckpointUploader, SaveRequest  # noqa: E402
 
 import transformers  # noqa: E402
 
@@ -57,7 +57,10 @@ class Run:
         self.loader = BlockLoader(data, "train", SEQ, BATCH, seed=0)
         self.tokenizer = load_tokenizer(data)
         self.metrics = MetricsWriter(log_dir, True)
-        self.state = TrainerState()
+        self.state = ckpt.TrainerState()
+        parts = ckpt.training_parts(self.scheduler, None, self.loader, self.state, self.metrics)
+        self.checkpointer = ckpt.Checkpointer(self.model, self.optimizer, parts,
+                                              run_config={"model": self.cfg.to_dict()}, tokenizer=self.tokenizer)
 
     def step(self) -> float:
         start = time.perf_counter()
@@ -70,8 +73,7 @@ class Run:
         return time.perf_counter() - start
 
     def snapshot(self) -> ckpt.Snapshot:
-        return ckpt.capture(self.state.step, self.model, self.optimizer, self.scheduler, None, self.loader,
-                            self.state, self.metrics, {"model": self.cfg.to_dict()}, self.tokenizer)
+        return self.checkpointer.capture(self.state.step)
 
 
 def open_bucket(kind: str, tmp: Path):

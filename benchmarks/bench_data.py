@@ -20,10 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # one thread per tokenizer process, so workers=1 vs 2 compares one core with two
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-from prepare_data import prepare  # noqa: E402
-from utils.demo_corpus import generate_stories  # noqa: E402
-from utils.loader import BlockLoader  # noqa: E402
-from utils.shards import read_manifest  # noqa: E402
+from utils.data.prepare import prepare  # noqa: E402
+from utils.data.demo_corpus import generate_stories  # noqa: E402
+from utils.data.loader import BlockLoader  # noqa: E402
+from utils.data.shards import read_manifest  # noqa: E402
 
 BATCH, SEQ = 8, 256
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"

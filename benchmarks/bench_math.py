@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs.training import ATTENTION, MATMUL_PRECISION  # noqa: E402
-from utils.errors import CliParser, PiconeoxError  # noqa: E402
+from utils.errors import CliParser, PiconeoxError, cli  # noqa: E402
 
 CHAR_VOCAB = 66  # Tiny Shakespeare's 65 characters + end-of-text
 
@@ -30,7 +30,7 @@ def step_times(preset: str, rounds: int, steps: int) -> dict[tuple[str, str], fl
 
     from configs.model import build_model
     from configs.presets import resolve_config
-    from train import lm_loss
+    from utils.lm import lm_loss
     from utils.optim import build_optimizer
 
     cfg = resolve_config(preset, None, {})
@@ -67,6 +67,7 @@ def step_times(preset: str, rounds: int, steps: int) -> dict[tuple[str, str], fl
     return {pair: s / (rounds * steps) * 1e3 for pair, s in seconds.items()}
 
 
+@cli
 def main(argv=None) -> int:
     from configs.presets import PRESET_NAMES
 
@@ -75,18 +76,14 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=6, help="interleaved rounds over all pairs")
     p.add_argument("--steps", type=int, default=40, help="timed steps per pair per round")
     args = p.parse_args(argv)
-    try:
-        presets = [name.strip() for name in args.presets.split(",") if name.strip()]
-        for name in presets:
-            if name not in PRESET_NAMES or name == "production":
-                raise PiconeoxError(f"--presets: {name!r} is not a CPU-sized preset; allowed: "
-                                    f"{', '.join(n for n in PRESET_NAMES if n != 'production')}")
-        for flag, value in (("--rounds", args.rounds), ("--steps", args.steps)):
-            if value < 1:
-                raise PiconeoxError(f"{flag}={value}: must be at least 1")
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    presets = [name.strip() for name in args.presets.split(",") if name.strip()]
+    for name in presets:
+        if name not in PRESET_NAMES or name == "production":
+            raise PiconeoxError(f"--presets: {name!r} is not a CPU-sized preset; allowed: "
+                                f"{', '.join(n for n in PRESET_NAMES if n != 'production')}")
+    for flag, value in (("--rounds", args.rounds), ("--steps", args.steps)):
+        if value < 1:
+            raise PiconeoxError(f"{flag}={value}: must be at least 1")
     print("| preset | attention | matmul precision | ms/step | speed-up vs sdpa + highest |")
     print("|---|---|---|---|---|")
     for name in presets:

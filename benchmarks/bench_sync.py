@@ -14,7 +14,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("NO_GCE_CHECK", "true")  # never probe a cloud metadata server
@@ -25,8 +24,8 @@ from google.auth.credentials import AnonymousCredentials  # noqa: E402
 from google.cloud import storage  # noqa: E402
 
 from tests.gcs_servers import start_fake_gcs  # noqa: E402
-from utils.storage import GCSStorage  # noqa: E402
-from utils.sync import INDEX_NAME, download_tree  # noqa: E402
+from utils.storage.gcs import GCSStorage  # noqa: E402
+from utils.storage.sync import INDEX_NAME, download_tree  # noqa: E402
 
 
 def counting_client(host: str) -> tuple[storage.Client, list[str]]:

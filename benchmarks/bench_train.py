@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -21,10 +22,10 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-import train  # noqa: E402
 from configs.presets import resolve_config  # noqa: E402
 from configs.model import build_model  # noqa: E402
-from prepare_data import prepare  # noqa: E402
+from utils.data.prepare import prepare  # noqa: E402
+from utils.lm import lm_loss  # noqa: E402
 from utils.optim import build_optimizer  # noqa: E402
 
 WARMUP = 5
@@ -41,7 +42,7 @@ def bare_loop(cfg, steps: int, attention: str = "sdpa") -> float:
     for _ in range(WARMUP + steps):
         x = torch.randint(0, cfg.model.vocab_size, (tc.micro_batch_size, tc.seq_len))
         t0 = time.perf_counter()
-        loss = train.lm_loss(model, x, x)
+        loss = lm_loss(model, x, x)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -53,11 +54,12 @@ def bare_loop(cfg, steps: int, attention: str = "sdpa") -> float:
 
 def trainer_loop(args, data: Path, out: Path) -> float:
     """Median seconds per step as train.py measures it (loader, accelerate, clipping, logging included)."""
-    code = train.main(["--config", args.preset, "--data", str(data), "--max-steps", str(WARMUP + args.steps),
-                       "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--eval-every", "100000",
-                       "--save-every", "100000", "--log-every", "1", "--output-dir", str(out / "ckpt"),
-                       "--log-dir", str(out / "logs"), "--run-name", "bench", "--sample-prompt", "a"])
-    assert code == 0
+    # train.py as users run it, in its own process (the bare loop runs in this one, after it)
+    subprocess.run([sys.executable, str(REPO / "train.py"), "--config", args.preset, "--data", str(data),
+                    "--max-steps", str(WARMUP + args.steps), "--seq-len", str(args.seq_len), "--batch-size",
+                    str(args.batch_size), "--eval-every", "100000", "--save-every", "100000", "--log-every", "1",
+                    "--output-dir", str(out / "ckpt"), "--log-dir", str(out / "logs"), "--run-name", "bench",
+                    "--sample-prompt", "a"], check=True)
     history = json.loads((out / "logs" / "bench" / "history.json").read_text())
     return statistics.median([h["train/step_time_s"] for h in history if "train/step_time_s" in h][WARMUP:])
 
@@ -72,12 +74,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         data = prepare(["demo"], name="bench", out_dir=out, tokenizer="byte", dataset_percent=20)
-        cfg = resolve_config(args.preset, None, {"train.seq_len": args.seq_len, "train.micro_batch_size": args.batch_size})
+        cfg = resolve_config(args.preset, None,
+                             {"train.seq_len": args.seq_len, "train.micro_batch_size": args.batch_size})
         cfg = type(cfg)(cfg.preset, cfg.model.with_vocab(256), cfg.train)
         tokens = args.seq_len * args.batch_size
         t_trainer = trainer_loop(args, data, out)
         t_bare = bare_loop(cfg, args.steps)
-    print(f"\nmodel {args.preset}, batch {args.batch_size} x {args.seq_len} tokens, {torch.get_num_threads()} threads, median of {args.steps} steps")
+    print(f"\nmodel {args.preset}, batch {args.batch_size} x {args.seq_len} tokens, {torch.get_num_threads()} "
+          f"threads, median of {args.steps} steps")
     print(f"bare loop  {tokens / t_bare:10,.0f} tok/s  ({t_bare * 1000:.1f} ms/step)")
     print(f"train.py   {tokens / t_trainer:10,.0f} tok/s  ({t_trainer * 1000:.1f} ms/step)")
     print(f"ratio train.py / bare = {t_bare / t_trainer:.3f}  (goal >= 0.95)")

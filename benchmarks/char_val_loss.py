@@ -15,12 +15,14 @@ import torch.nn.functional as F
 kind, ckpt, data = sys.argv[1:4]
 if kind == "piconeox":
     from utils.generate import load_checkpoint_model
-    from utils.shards import open_shard, read_manifest
+    from utils.data.shards import open_shard, read_manifest
 
     model, _ = load_checkpoint_model(ckpt)
     m = read_manifest(data)
-    val = np.concatenate([open_shard(data, s) for s in m.split_shards("val")])[:-1]  # = nanoGPT's val.bin (no end-of-text)
-    logits = lambda x: model(input_ids=x).logits
+    # = nanoGPT's val.bin (no end-of-text)
+    val = np.concatenate([open_shard(data, s) for s in m.split_shards("val")])[:-1]
+    def logits(x):
+        return model(input_ids=x).logits
 else:  # a nanoGPT checkout's ckpt.pt, read with its own model.py
     sys.path.insert(0, data)
     from model import GPT, GPTConfig
@@ -29,7 +31,8 @@ else:  # a nanoGPT checkout's ckpt.pt, read with its own model.py
     model = GPT(GPTConfig(**saved["model_args"]))
     model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in saved["model"].items()})
     val = np.fromfile(f"{data}/data/shakespeare_char/val.bin", dtype=np.uint16)
-    logits = lambda x: model(x, x)[0]  # with targets it returns logits for every position
+    def logits(x):  # with targets it returns logits for every position
+        return model(x, x)[0]
 model.eval()
 val = torch.from_numpy(val.astype(np.int64))
 block, batch = 64, 12

@@ -85,7 +85,8 @@ def stage_kernels(out: Path, cpu: bool) -> None:
     import torch.nn.functional as F
 
     cuda = torch.cuda.is_available() and not cpu
-    dev, dtype, sync = ("cuda", torch.bfloat16, torch.cuda.synchronize) if cuda else ("cpu", torch.float32, lambda: None)
+    dev, dtype, sync = (("cuda", torch.bfloat16, torch.cuda.synchronize) if cuda
+                        else ("cpu", torch.float32, lambda: None))
     tokens, h, ffn, vocab = (4 * 2048, 2048, 8192, 50304) if cuda else (256, 128, 512, 256)
     for m, n, k in ((tokens, 3 * h, h), (tokens, ffn, h), (tokens, h, ffn), (tokens, vocab, h)):
         a, b = torch.randn(m, k, device=dev, dtype=dtype), torch.randn(k, n, device=dev, dtype=dtype)
@@ -193,7 +194,7 @@ def blocked_seconds(log_dir: Path) -> float | None:
 def stage_save(out: Path, cpu: bool, steps: int) -> None:
     """One save mid-run (keep_last 1): blocking seconds, write and crc32c GB/s, step time while writing, staged GB;
     the resumed loss curve against a second straight run (the noise floor, not zero: GPU kernels vary)."""
-    from utils import checkpoint as ckpt
+    from utils import ckpt
     from utils.crc import crc32c_file
 
     every = steps // 2
@@ -219,13 +220,14 @@ def stage_save(out: Path, cpu: bool, steps: int) -> None:
            crc32c_gb_per_s=staged / GB / crc_s if crc_s > 0 else None,
            step_ratio_during_write=statistics.median(busy) / statistics.median(quiet) if busy and quiet else None,
            staged_gb=staged / GB, checkpoint_gb=size / GB,
-           resume_max_dloss=max_dloss(history(r), history(b), every), noise_floor_max_dloss=max_dloss(rows, history(b), 0))
+           resume_max_dloss=max_dloss(history(r), history(b), every),
+           noise_floor_max_dloss=max_dloss(rows, history(b), 0))
     shutil.rmtree(out / "ckpt", ignore_errors=True)
 
 
 def stage_fsdp(out: Path, cpu: bool, steps: int) -> None:
     """FSDP2 with configs/accelerate/fsdp_production.yaml (1 GPU; 2 gloo ranks in CPU mode): save and resume."""
-    from utils import checkpoint as ckpt
+    from utils import ckpt
 
     every = steps // 2
     common = ["--max-steps", str(steps), "--eval-every", str(10 * steps)]

@@ -36,7 +36,9 @@ import transformers  # noqa: E402,F401
 import train  # noqa: E402
 from benchmarks.bench_train import bare_loop  # noqa: E402
 from configs.presets import resolve_config  # noqa: E402
-from utils import checkpoint, metrics, optim, resume, uploader  # noqa: E402,F401
+from utils import ckpt, lm, metrics, optim, progress, summary  # noqa: E402,F401
+from utils.ckpt import resume, uploader  # noqa: E402,F401
+from utils.data import source  # noqa: E402
 
 T_IMPORTS = now()
 spent: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
@@ -77,23 +79,23 @@ def main() -> None:
     p.add_argument("--config", default="shakespeare-char")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = p.parse_args()
-    timed(train, "prepare_data_dir", "data check/load")
-    timed(train, "build_initial_model", "model build")
-    timed(train, "evaluate", "evals")
-    timed(checkpoint, "capture", "saves (blocking copy)")
-    timed(train, "log_sample", "final sample")
-    timed(train, "publish_final", "final checkpoint publish")
+    timed(source, "local_dataset", "data check/load")
+    timed(lm, "evaluate", "evals")
+    timed(ckpt.Checkpointer, "capture", "saves (blocking copy)")
+    timed(summary, "log_sample", "final sample")
+    timed(ckpt, "publish_final", "final checkpoint publish")
     timed(metrics.MetricsWriter, "plot", "loss plot + history")
     timed(metrics.MetricsWriter, "save_history", "loss plot + history")
     timed(uploader.CheckpointUploader, "close", "wait for saves")
-    mark(train, "to_device", "loop start", first=True)
-    mark(metrics.ProgressBar, "close", "loop end", first=False)
+    mark(lm, "to_device", "loop start", first=True)
+    mark(progress.ProgressBar, "close", "loop end", first=False)
     with tempfile.TemporaryDirectory() as tmp:
         start, child = time.perf_counter(), os.times()
         subprocess.run([sys.executable, "prepare_data.py", args.text, "--name", "d", "--out-dir", f"{tmp}/data",
                         "--tokenizer", "char", "--val-split", "tail"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
         after = os.times()
-        prep = [time.perf_counter() - start, after.children_user + after.children_system - child.children_user - child.children_system]
+        cpu = after.children_user + after.children_system - child.children_user - child.children_system
+        prep = [time.perf_counter() - start, cpu]
         flags = [f for kv in args.set for f in ("--set", kv)]
         start = now()
         assert train.main(["--config", args.config, "--data", f"{tmp}/data/d", "--output-dir", f"{tmp}/ckpt",
@@ -115,7 +117,8 @@ def main() -> None:
              f"bare loop {bare * 1000:.1f} ms wall, {bare_cpu * 1000:.1f} ms CPU)", loop)]
     rows.append(("other (accelerate, dirs, logging, teardown in main)",
                  [t - sum(v[i] for v in spent.values()) - loop[i] for i, t in enumerate(total)]))
-    print(f"\n{args.config} {' '.join(args.set)}, {torch.get_num_threads()} threads\n\n| phase | wall s | CPU s |\n|---|---|---|")
+    print(f"\n{args.config} {' '.join(args.set)}, {torch.get_num_threads()} threads\n\n"
+          "| phase | wall s | CPU s |\n|---|---|---|")
     for name, (wall, cpu) in rows:
         print(f"| {name} | {wall:.2f} | {cpu:.2f} |")
     wall, cpu = (sum(r[1][i] for r in rows) for i in (0, 1))

@@ -30,7 +30,8 @@ import torch  # noqa: E402
 from benchmarks.pico_tinystories import PROMPT, TINYSTORIES, dataset, val_metrics  # noqa: E402
 from configs.presets import MODEL_PRESETS, TRAIN_PRESETS  # noqa: E402
 from rp2040.emulate import emulate, unavailable  # noqa: E402
-from utils.errors import CliParser, PiconeoxError  # noqa: E402
+from utils.ckpt.format import MARKER  # noqa: E402
+from utils.errors import CliParser, PiconeoxError, cli  # noqa: E402
 
 SHAPE = re.compile(r"^h(\d+)-l(\d+)-a(\d+)-f(\d+)-c(\d+)$")
 # rp2040-quality's shape and shapes whose int8 weights stay in RAM at vocab 1024 (model.bin under ~60 KB, so
@@ -53,7 +54,7 @@ def run_shape(shape: str, args, data: Path) -> dict:
     """Train (unless finished before), export int8, emulate, evaluate: one result row."""
     name = f"{shape}-s{args.steps}-lr{args.lr:g}"
     run, model_dir, log = args.out / "ckpt" / name, args.out / "models" / name, args.out / "logs" / f"{name}.log"
-    if not (run / "final" / "COMPLETE").exists():
+    if not (run / "final" / MARKER).exists():
         dims = parse_shape(shape)
         sets = [f"model.{k}={v}" for k, v in dims.items()]
         cmd = [sys.executable, "train.py", "--config", args.base, "--data", str(data), "--output-dir",
@@ -62,10 +63,12 @@ def run_shape(shape: str, args, data: Path) -> dict:
                *[a for s in sets for a in ("--set", s)]]
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w") as out:
-            done = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            done = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
         if done.returncode:
             raise PiconeoxError(f"training {name} failed (exit {done.returncode}); see {log}")
-    subprocess.run([sys.executable, "-m", "rp2040.export", str(run / "final"), "--out", str(model_dir), "--dtype", "int8"],
+    subprocess.run([sys.executable, "-m", "rp2040.export", str(run / "final"), "--out", str(model_dir),
+                    "--dtype", "int8"],
                    cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     e = emulate(model_dir, PROMPT, args.tokens, progress=False)
     loss, bpb = val_metrics(run / "final", data)
@@ -96,9 +99,11 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     ap = CliParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base", default="pico-best", choices=[p for p in MODEL_PRESETS if p.startswith(("rp2040", "pico"))])
+    ap.add_argument("--base", default="pico-best",
+                    choices=[p for p in MODEL_PRESETS if p.startswith(("rp2040", "pico"))])
     ap.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, metavar="hH-lL-aA-fF-cC")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the base preset's)")
@@ -108,11 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train", type=Path, default=TINYSTORIES / "tinystories_10k.txt")
     ap.add_argument("--val", type=Path, default=TINYSTORIES / "tinystories_val.txt")
     args = ap.parse_args(argv)
-    try:
-        print(search(args))
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    print(search(args))
     return 0
 
 

@@ -28,9 +28,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from configs.presets import MODEL_PRESETS, TRAIN_PRESETS  # noqa: E402
-from prepare_data import prepare  # noqa: E402
+from utils.data.prepare import prepare  # noqa: E402
+from utils.ckpt.format import MARKER  # noqa: E402
 from utils.generate import load_checkpoint_model  # noqa: E402
-from utils.shards import open_shard, read_manifest  # noqa: E402
+from utils.data.shards import open_shard, read_manifest  # noqa: E402
 
 TINYSTORIES = REPO.parent / "shared" / "data" / "tinystories"
 PROMPT = "Once upon a time"
@@ -89,7 +90,7 @@ def main() -> int:
     for preset in args.presets.split(","):
         data = dataset(preset, args.train, args.val, args.out / "data")
         run = args.out / "ckpt" / preset
-        if not (run / "final" / "COMPLETE").exists():
+        if not (run / "final" / MARKER).exists():
             subprocess.run([py, "train.py", "--config", preset, "--data", str(data), "--output-dir",
                             str(args.out / "ckpt"), "--log-dir", str(args.out / "logs"), "--run-name", preset],
                            cwd=REPO, check=True)

@@ -33,7 +33,8 @@ class ConfigBase:
                 raise PiconeoxError(f"{self.SECTION}.{name}={value!r}: must be {rule}")
 
     def check_float(self, name: str, ok: Callable[[float], bool], rule: str) -> None:
-        """The named field must be a finite number (not a bool) with ok(value), or one PiconeoxError line says `rule`."""
+        """The named field must be a finite number (not a bool) with ok(value), or one PiconeoxError line says
+        `rule`."""
         value = getattr(self, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
             raise PiconeoxError(f"{self.SECTION}.{name}={value!r}: must be {rule}")

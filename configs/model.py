@@ -49,17 +49,20 @@ class ModelConfig(ConfigBase):
         """Raise PiconeoxError (one line) for an impossible shape; return self."""
         self.check_ints(("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"), 1)
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 2):
-            raise PiconeoxError(f"model.vocab_size={self.vocab_size!r}: must be an integer >= 2 (or null to size it from the tokenizer)")
+            raise PiconeoxError(f"model.vocab_size={self.vocab_size!r}: must be an integer >= 2 (or null to size it "
+                                "from the tokenizer)")
         if self.hidden_size % self.num_heads:
             raise PiconeoxError(
                 f"model.num_heads={self.num_heads} does not divide model.hidden_size={self.hidden_size}; "
                 f"allowed head counts: {[h for h in range(1, self.hidden_size + 1) if self.hidden_size % h == 0]}"
             )
         if not 0.0 < self.rotary_pct <= 1.0:
-            raise PiconeoxError(f"model.rotary_pct={self.rotary_pct}: must be in (0, 1]; GPT-NeoX has no other position encoding")
+            raise PiconeoxError(f"model.rotary_pct={self.rotary_pct}: must be in (0, 1]; GPT-NeoX has no other "
+                                "position encoding")
         if self.rotary_dims < 2 or self.rotary_dims % 2:
             raise PiconeoxError(
-                f"model.rotary_pct={self.rotary_pct} with head_dim {self.head_dim} gives {self.rotary_dims} rotary dims; "
+                f"model.rotary_pct={self.rotary_pct} with head_dim {self.head_dim} gives {self.rotary_dims} "
+                "rotary dims; "
                 "RoPE needs an even number >= 2 (use fewer heads or a larger rotary_pct)"
             )
         self.check_float("dropout", lambda v: 0 <= v < 1, "in [0, 1)")

@@ -5,21 +5,25 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from configs.model import MODEL_PRESETS, ModelConfig
+from configs.run import RunSettings
 from configs.training import TrainConfig
 from utils.errors import PiconeoxError
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything a run needs to rebuild itself: the preset name, the model shape and the training recipe."""
+    """Everything a run needs to rebuild itself: the preset name, the model shape, the training recipe and the
+    run settings (folders, resume, bucket)."""
 
     preset: str
     model: ModelConfig
     train: TrainConfig
+    run: RunSettings = RunSettings()
 
     def validate(self) -> "RunConfig":
         self.model.validate()
         self.train.validate()
+        self.run.validate(self.train.keep_last)
         if self.train.seq_len > self.model.max_position_embeddings:
             raise PiconeoxError(
                 f"train.seq_len={self.train.seq_len} is longer than model.max_position_embeddings="
@@ -28,11 +32,8 @@ class RunConfig:
         return self
 
     def to_dict(self) -> dict:
-        return {"preset": self.preset, "model": self.model.to_dict(), "train": self.train.to_dict()}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RunConfig":
-        return cls(d["preset"], ModelConfig.from_dict(d["model"]), TrainConfig.from_dict(d["train"]))
+        return {"preset": self.preset, "model": self.model.to_dict(), "train": self.train.to_dict(),
+                "run": self.run.recorded()}
 
 
 _T = TrainConfig
@@ -64,8 +65,9 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
     # nanoGPT's train_shakespeare_char CPU recipe (batch 12, block 64, 2000 iters, lr 1e-3, beta2 0.99), on
     # nanoGPT's input.txt prepared with the char tokenizer (the error for a missing folder says how). Medium
     # matmul precision + eager attention: 1.34x faster steps here (benchmarks/bench_math.py), same losses.
-    "shakespeare-char": _T(data="data/shakespeare-char", tokenizer="char", seq_len=64, micro_batch_size=12, max_steps=2000,
-                           learning_rate=1e-3, warmup_steps=100, beta2=0.99, eval_every=250, eval_batches=20, save_every=1000,
+    "shakespeare-char": _T(data="data/shakespeare-char", tokenizer="char", seq_len=64, micro_batch_size=12,
+                           max_steps=2000, learning_rate=1e-3, warmup_steps=100, beta2=0.99, eval_every=250,
+                           eval_batches=20, save_every=1000,
                            matmul_precision="medium", attention="eager"),
     # Time to quality on CPU (target: nanoGPT's final val loss in half its wall time). Half the steps at twice the
     # peak learning rate, a shorter warmup, one full checkpoint at the end (best/ still follows every eval).
@@ -116,10 +118,10 @@ def _apply(obj, updates: dict):
 
 
 def resolve_config(preset: str, yaml_file: str | None = None, overrides: dict[str, object] | None = None) -> RunConfig:
-    """Preset, then the YAML file (`model:` / `train:` sections), then `section.key` overrides; validated."""
+    """Preset, then the YAML file (`model:` / `train:` / `run:` sections), then `section.key` overrides; validated."""
     if preset not in MODEL_PRESETS:
         raise PiconeoxError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESET_NAMES)}")
-    model, train = MODEL_PRESETS[preset], TRAIN_PRESETS[preset]
+    model, train, run = MODEL_PRESETS[preset], TRAIN_PRESETS[preset], RunSettings()
     if yaml_file:
         import yaml
 
@@ -129,23 +131,28 @@ def resolve_config(preset: str, yaml_file: str | None = None, overrides: dict[st
         try:
             doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except UnicodeDecodeError as e:
-            raise PiconeoxError(f"config file {yaml_file} is not a text (UTF-8 YAML) file: undecodable byte at offset {e.start}") from None
+            raise PiconeoxError(f"config file {yaml_file} is not a text (UTF-8 YAML) file: undecodable byte at "
+                                f"offset {e.start}") from None
         except OSError as e:
             raise PiconeoxError(f"config file {yaml_file} cannot be read: {e.strerror}") from None
         except yaml.YAMLError as e:
             raise PiconeoxError(f"config file {yaml_file} is not valid YAML: {str(e).splitlines()[0]}") from None
         sections = doc.values() if isinstance(doc, dict) else ()
-        if not isinstance(doc, dict) or set(doc) - {"model", "train"} or not all(isinstance(v, (dict, type(None))) for v in sections):
-            raise PiconeoxError(f"config file {yaml_file}: expected top-level sections 'model' and/or 'train', "
-                                "each a mapping of setting: value")
+        if not isinstance(doc, dict) or set(doc) - {"model", "train", "run"} or not all(
+                isinstance(v, (dict, type(None))) for v in sections):
+            raise PiconeoxError(f"config file {yaml_file}: expected top-level sections 'model', 'train' and/or "
+                                "'run', each a mapping of setting: value")
         model = _apply(model, doc.get("model") or {})
         train = _apply(train, doc.get("train") or {})
-    by_section: dict[str, dict] = {"model": {}, "train": {}}
+        run = _apply(run, doc.get("run") or {})
+    by_section: dict[str, dict] = {"model": {}, "train": {}, "run": {}}
     for key, value in (overrides or {}).items():
         section, _, name = key.partition(".")
         if section not in by_section or not name:
-            raise PiconeoxError(f"override {key!r}: expected model.<name>=<value> or train.<name>=<value>")
+            raise PiconeoxError(f"override {key!r}: expected model.<name>=<value> or train.<name>=<value> "
+                                "(or run.<name>=<value>)")
         by_section[section][name] = value
     model = _apply(model, by_section["model"])
     train = _apply(train, by_section["train"])
-    return RunConfig(preset, model, train).validate()
+    run = _apply(run, by_section["run"])
+    return RunConfig(preset, model, train, run).validate()

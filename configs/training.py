@@ -93,11 +93,13 @@ class TrainConfig(ConfigBase):
         if self.compile not in ON_OFF_AUTO:
             raise PiconeoxError(f"train.compile={self.compile!r}: allowed {', '.join(ON_OFF_AUTO)}")
         if self.matmul_precision not in MATMUL_PRECISION:
-            raise PiconeoxError(f"train.matmul_precision={self.matmul_precision!r}: allowed {', '.join(MATMUL_PRECISION)}")
+            raise PiconeoxError(f"train.matmul_precision={self.matmul_precision!r}: allowed "
+                                f"{', '.join(MATMUL_PRECISION)}")
         if self.attention not in ATTENTION:
             raise PiconeoxError(f"train.attention={self.attention!r}: allowed {', '.join(ATTENTION)}")
         if self.activation_checkpointing not in ON_OFF_AUTO:
-            raise PiconeoxError(f"train.activation_checkpointing={self.activation_checkpointing!r}: allowed {', '.join(ON_OFF_AUTO)}")
+            raise PiconeoxError(f"train.activation_checkpointing={self.activation_checkpointing!r}: allowed "
+                                f"{', '.join(ON_OFF_AUTO)}")
         if self.tokenizer not in TOKENIZERS:
             raise PiconeoxError(f"train.tokenizer={self.tokenizer!r}: allowed {', '.join(TOKENIZERS)}")
         if self.tokenizer == "bpe" and self.tokenizer_vocab is not None:
@@ -111,23 +113,24 @@ class TrainConfig(ConfigBase):
         """This recipe on `world_size` processes: global_batch_tokens filled in, grad_accum_steps derived.
 
         `fixed_global_batch` (a resumed checkpoint's tokens per step, or this run's after --batch-size auto)
-        is kept, so a resume on another number of processes keeps the schedule. One PiconeoxError line when the global batch is not
-        a whole number of micro batches on every process, or a setting contradicts it.
+        is kept, so a resume on another number of processes keeps the schedule. One PiconeoxError line when the
+        global batch is not a whole number of micro batches on every process, or a setting contradicts it.
         """
         target = fixed_global_batch or self.global_batch_tokens
         if fixed_global_batch and self.global_batch_tokens not in (0, fixed_global_batch):
             raise PiconeoxError(
-                f"train.global_batch_tokens={self.global_batch_tokens:,}: the checkpoint trained with {fixed_global_batch:,} "
-                "tokens per step, and a resume keeps its global batch; drop the setting")
+                f"train.global_batch_tokens={self.global_batch_tokens:,}: the checkpoint trained with "
+                f"{fixed_global_batch:,} tokens per step, and a resume keeps its global batch; drop the setting")
         if not target:
-            return replace(self, global_batch_tokens=self.micro_batch_size * self.grad_accum_steps * self.seq_len * world_size)
+            tokens = self.micro_batch_size * self.grad_accum_steps * self.seq_len * world_size
+            return replace(self, global_batch_tokens=tokens)
         per_micro_step = self.micro_batch_size * self.seq_len * world_size
         accum, rest = divmod(target, per_micro_step)
         if rest or accum < 1:
             raise PiconeoxError(
-                f"train.global_batch_tokens={target:,} is not a whole multiple of micro_batch_size x seq_len x processes "
-                f"= {self.micro_batch_size} x {self.seq_len} x {world_size} = {per_micro_step:,} tokens; change the micro "
-                "batch (--batch-size) or the global batch")
+                f"train.global_batch_tokens={target:,} is not a whole multiple of micro_batch_size x seq_len x "
+                f"processes = {self.micro_batch_size} x {self.seq_len} x {world_size} = {per_micro_step:,} tokens; "
+                "change the micro batch (--batch-size) or the global batch")
         if self.global_batch_tokens and not fixed_global_batch and self.grad_accum_steps not in (1, accum):
             raise PiconeoxError(
                 f"train.grad_accum_steps={self.grad_accum_steps} disagrees with train.global_batch_tokens="

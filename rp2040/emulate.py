@@ -22,7 +22,7 @@ from rp2040.bundle import check_model, model_files
 from rp2040.flash import board_files
 from rp2040.prompt import check_prompt, context_stop, model_config
 from rp2040.uf2 import check_uf2
-from utils.errors import CliParser, PiconeoxError
+from utils.errors import CliParser, PiconeoxError, cli
 from utils.terminal import printable
 
 HERE = Path(__file__).resolve().parent
@@ -247,6 +247,7 @@ def host_ids(model_dir: Path, prompt_ids: list[int], tokens: int) -> list[int]:
     return out
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     ap = CliParser(prog="python -m rp2040.emulate", description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir", type=Path, help="an exported model, e.g. models/<name>")
@@ -255,11 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--firmware", type=Path, help=f"RPI_PICO MicroPython .uf2 (default: {SHARED_PICO}/{FIRMWARE_GLOB})")
     ap.add_argument("--bootrom", type=Path, help=f"RP2040 boot ROM (default: {BOOTROM} beside the firmware)")
     args = ap.parse_args(argv)
-    try:
-        run = emulate(args.model_dir, args.prompt, args.tokens, args.firmware, args.bootrom)
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    run = emulate(args.model_dir, args.prompt, args.tokens, args.firmware, args.bootrom)
     from rp2040.runtime.tokenizer import StreamDecoder, Tokenizer
 
     tok = Tokenizer(str(args.model_dir / "vocab.bin"))
@@ -273,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
           f"forward {run.step_ms - run.sample_ms:.1f} + sampling {run.sample_ms:.1f}; "
           f"prompt ({len(run.prompt_ids)} tokens) {run.prompt_us / 1000:.0f} ms")
     predicted = config["ram"].get("free_after_load_bytes")
-    print(f"heap: {run.heap_loaded:,} bytes free after load ({'layers streamed from flash' if run.stream else 'weights in RAM'}; "
+    where = "layers streamed from flash" if run.stream else "weights in RAM"
+    print(f"heap: {run.heap_loaded:,} bytes free after load ({where}; "
           f"the exporter predicted {predicted:,}), {run.heap_min:,} minimum during generation (GC heap {HEAP_BYTES:,})")
     print(f"ids equal the host's: {'yes' if same else 'NO'}")
     print(f"[{run.emulated_s:.1f} s emulated in {run.wall_s:.0f} s wall]")

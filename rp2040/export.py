@@ -27,7 +27,8 @@ from rp2040.runtime import tokenizer as vf
 from rp2040.runtime.gpt import buffer_bytes, plan_buffers
 from rp2040.bundle import MODEL_FILES
 from utils.atomic import atomic_write_json
-from utils.errors import CliParser, PiconeoxError
+from utils.ckpt.format import find_checkpoint
+from utils.errors import CliParser, PiconeoxError, cli
 from utils.outputs import atomic_dir, check_output_dir
 
 DEFAULT_RAM_BUDGET_KB = 180
@@ -62,9 +63,11 @@ class Shape:
     def from_hf(cls, config) -> "Shape":
         """Read a transformers GPTNeoXConfig; refuse what the runtime does not implement."""
         if config.model_type != "gpt_neox":
-            raise PiconeoxError(f"model_type {config.model_type!r} is not supported; only gpt_neox exports to the RP2040")
+            raise PiconeoxError(f"model_type {config.model_type!r} is not supported; only gpt_neox exports to "
+                                "the RP2040")
         if config.hidden_act != "gelu":
-            raise PiconeoxError(f"hidden_act {config.hidden_act!r} is not supported by the runtime; only 'gelu' (exact erf)")
+            raise PiconeoxError(f"hidden_act {config.hidden_act!r} is not supported by the runtime; only 'gelu' "
+                                "(exact erf)")
         rope = config.rope_parameters or {}
         if rope.get("rope_type", "default") != "default":
             raise PiconeoxError(f"rope_type {rope.get('rope_type')!r} is not supported; only 'default'")
@@ -78,21 +81,6 @@ class Shape:
                    config.intermediate_size, config.max_position_embeddings, rotary, float(config.layer_norm_eps),
                    float(rope.get("rope_theta", 10000.0)), bool(config.tie_word_embeddings),
                    bool(config.use_parallel_residual))
-
-
-def resolve_checkpoint(path: Path) -> Path:
-    """The model folder inside what the user named: an HF dir, a step folder, or a run dir (best/ or final/)."""
-    if not path.is_dir():
-        raise PiconeoxError(f"checkpoint {path} is not a directory")
-    step = path.name.startswith("step-")
-    if step and not (path / "COMPLETE").exists():
-        raise PiconeoxError(f"{path} has no COMPLETE marker: it was not fully written; pick a completed step")
-    if (path / "config.json").is_file() and ((path / "model.safetensors").is_file() or (path / ".metadata").is_file()):
-        return path
-    for sub in ("best", "final"):
-        if (path / sub / "config.json").is_file():
-            return path / sub
-    raise PiconeoxError(f"{path} holds no model: expected config.json + model.safetensors, or a run dir with best/ or final/")
 
 
 def quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -200,7 +188,7 @@ def integer_params(t: Tensors, shape: Shape) -> tuple[np.ndarray, list[np.ndarra
     """
     d = shape.hidden
     q_scale = 1.0 / np.sqrt(d // shape.heads)
-    params, mats, tail_shifts = [], [], []
+    params, mats = [], []
     emb_q, emb_s = quantize_rows(t.embedding)
     mats.append(emb_q)
     for i, (p, m) in enumerate(zip(t.layer_params, t.layer_mats)):
@@ -288,10 +276,12 @@ class Vocab:
         tj = json.loads(path.read_text(encoding="utf-8"))
         model = tj.get("model") or {}
         if model.get("type") not in ("BPE", "WordLevel"):
-            raise PiconeoxError(f"{path}: tokenizer model {model.get('type')!r} is not supported; allowed: BPE, WordLevel")
+            raise PiconeoxError(f"{path}: tokenizer model {model.get('type')!r} is not supported; allowed: BPE, "
+                                "WordLevel")
         pre = tj.get("pre_tokenizer")
         if pre is not None and pre.get("type") != "ByteLevel":
-            raise PiconeoxError(f"{path}: pre_tokenizer {pre.get('type')!r} is not supported; allowed: ByteLevel or none")
+            raise PiconeoxError(f"{path}: pre_tokenizer {pre.get('type')!r} is not supported; allowed: ByteLevel "
+                                "or none")
         if tj.get("normalizer") is not None:
             raise PiconeoxError(f"{path}: a normalizer ({tj['normalizer'].get('type')}) is not supported on the device")
         byte_level = pre is not None
@@ -354,12 +344,12 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
     if min_free_kb < 0:
         raise PiconeoxError(f"--min-free-kb {min_free_kb} must be >= 0")
     check_output_dir(out, "--out", is_export, "an exported model")
-    src = resolve_checkpoint(Path(checkpoint))
+    src = find_checkpoint(checkpoint)
     if not (src / "tokenizer.json").is_file():
         raise PiconeoxError(f"{src} has no tokenizer.json: the device needs it to encode and decode text")
     from transformers.utils import logging as hf_logging
 
-    from utils.consolidate import load_model  # heavy: only once the arguments are known good
+    from utils.ckpt import load_model  # heavy: only once the arguments are known good
 
     hf_logging.disable_progress_bar()  # a 1-second load needs no bar; stderr stays one line on error
     model = load_model(src)  # checked against the marker's crc32c when there is one
@@ -377,7 +367,8 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
         raise PiconeoxError(f"{src.name} as {dtype} needs about {estimate // 1024} KB of heap "
                             f"(even streaming layers from flash), over the {ram_budget_kb} KB budget or the "
                             f"{BOARD_HEAP_FREE_BYTES // 1024} KB a Pico has free; use "
-                            f"{'' if dtype == 'int8' else '--dtype int8, '}a smaller model, --ram-budget-kb, or --force")
+                            f"{'' if dtype == 'int8' else '--dtype int8, '}a smaller model, --ram-budget-kb, "
+                            "or --force")
     config = {
         "format": {"model.bin": mf.VERSION, "vocab.bin": vf.VERSION},
         "source": str(src),
@@ -407,10 +398,12 @@ def is_export(folder: Path) -> bool:
     return isinstance(config, dict) and "format" in config and {p.name for p in folder.iterdir()} <= set(MODEL_FILES)
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     ap = CliParser(prog="python -m rp2040.export", description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoint", type=Path, help="HF model dir, checkpoints/<run>/step-N/, or checkpoints/<run>/")
-    ap.add_argument("--out", type=Path, required=True, help="output dir, e.g. models/<name> (new, empty, or an earlier export)")
+    ap.add_argument("--out", type=Path, required=True, help="output dir, e.g. models/<name> "
+                    "(new, empty, or an earlier export)")
     ap.add_argument("--dtype", default="int8", help="f32 or int8 (default int8)")
     ap.add_argument("--ram-budget-kb", type=int, default=DEFAULT_RAM_BUDGET_KB,
                     help=f"refuse models whose estimated heap exceeds this (default {DEFAULT_RAM_BUDGET_KB})")
@@ -419,11 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"else stream them from flash (default {DEFAULT_MIN_FREE_KB})")
     ap.add_argument("--force", action="store_true", help="export even when over the RAM budget")
     args = ap.parse_args(argv)
-    try:
-        cfg = export(args.checkpoint, args.out, args.dtype, args.ram_budget_kb, args.force, args.min_free_kb)
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = export(args.checkpoint, args.out, args.dtype, args.ram_budget_kb, args.force, args.min_free_kb)
     ram = cfg["ram"]
     for name, size in cfg["files"].items():
         print(f"{args.out / name}: {size:,} bytes")

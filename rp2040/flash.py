@@ -19,7 +19,7 @@ from pathlib import Path
 from rp2040.bundle import DEVICE_MODEL_DIR, DEVICE_PACKAGE, check_model, compile_runtime, model_files, runtime_files
 from rp2040.prompt import check_prompt, model_config
 from utils.atomic import atomic_write
-from utils.errors import CliParser, PiconeoxError
+from utils.errors import CliParser, PiconeoxError, cli
 
 RP2040_USB_VID = 0x2E8A  # Raspberry Pi: the Pico's MicroPython USB serial
 FREE_FLASH_CMD = "import os; s = os.statvfs('/'); print(s[0] * s[3])"
@@ -42,7 +42,8 @@ def find_mpremote(search_path: str | None = None) -> str:
     if found is None and search_path is None:
         found = shutil.which("mpremote", path=str(Path(sys.executable).parent))
     if found is None:
-        raise PiconeoxError("mpremote not found: install it with `pip install -r requirements.txt` (mpremote is pinned there)")
+        raise PiconeoxError("mpremote not found: install it with `pip install -r requirements.txt` "
+                            "(mpremote is pinned there)")
     return found
 
 
@@ -72,11 +73,13 @@ def plan(mpremote: str, port: str, files: dict[str, Path], start: bool) -> list[
     dirs = sorted({d.rsplit("/", 1)[0] for d in files if d.count("/") > 1})
     steps = [Step("make directories " + ", ".join(_parents(dirs)), base + ["exec", _mkdirs(_parents(dirs))])]
     for dev, host in files.items():
-        steps.append(Step(f"copy {host.name} ({host.stat().st_size:,} bytes)", base + ["fs", "cp", str(host), ":" + dev]))
+        steps.append(Step(f"copy {host.name} ({host.stat().st_size:,} bytes)",
+                          base + ["fs", "cp", str(host), ":" + dev]))
     if start:
         steps.append(Step("run main.py and stream its output", base + ["exec", "import main"]))
     else:
-        steps.append(Step("reset: main.py starts and asks for a prompt (attach with `mpremote repl`)", base + ["reset"]))
+        steps.append(Step("reset: main.py starts and asks for a prompt (attach with `mpremote repl`)",
+                          base + ["reset"]))
     return steps
 
 
@@ -114,6 +117,7 @@ def board_files(model_dir: Path, mpy: bool, build_dir: Path, prompt: str | None)
     return files
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     ap = CliParser(prog="python -m rp2040.flash", description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir", type=Path, help="an exported model, e.g. models/<name>")
@@ -122,30 +126,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", help="generate from this prompt now (written to /prompt.txt)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan, touch no board")
     args = ap.parse_args(argv)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            files = board_files(args.model_dir, args.mpy, Path(tmp), args.prompt)
-            mpremote = find_mpremote()
-            port = args.port if args.port != "auto" or args.dry_run else find_port()
-            steps = plan(mpremote, port, files, start=args.prompt is not None)
-            if args.dry_run:
-                # The build folder is deleted on exit: name it <build> rather than print a dead path.
-                print(f"plan for {args.model_dir} -> {port} ({len(files)} files, "
-                      f"{sum(p.stat().st_size for p in files.values()):,} bytes; runtime at {DEVICE_PACKAGE}, "
-                      f"model at {DEVICE_MODEL_DIR}; <build> = a temporary folder for compiled .mpy and prompt.txt):")
-                print("\n".join(str(s) for s in steps).replace(tmp, "<build>"))
-                return 0
-            free = subprocess.run([mpremote, "connect", port, "exec", FREE_FLASH_CMD], capture_output=True, text=True)
-            if free.returncode != 0:
-                raise PiconeoxError(f"cannot talk to the board on {port}: {(free.stderr or free.stdout).strip()[-200:]}")
-            check_fits(files, int(free.stdout.strip().splitlines()[-1]))
-            for step in steps:
-                print(f"==> {step.what}", flush=True)
-                if subprocess.run(step.argv).returncode != 0:
-                    raise PiconeoxError(f"mpremote failed at: {step.what} (command: {shlex.join(step.argv)})")
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        files = board_files(args.model_dir, args.mpy, Path(tmp), args.prompt)
+        mpremote = find_mpremote()
+        port = args.port if args.port != "auto" or args.dry_run else find_port()
+        steps = plan(mpremote, port, files, start=args.prompt is not None)
+        if args.dry_run:
+            # The build folder is deleted on exit: name it <build> rather than print a dead path.
+            print(f"plan for {args.model_dir} -> {port} ({len(files)} files, "
+                  f"{sum(p.stat().st_size for p in files.values()):,} bytes; runtime at {DEVICE_PACKAGE}, "
+                  f"model at {DEVICE_MODEL_DIR}; <build> = a temporary folder for compiled .mpy and prompt.txt):")
+            print("\n".join(str(s) for s in steps).replace(tmp, "<build>"))
+            return 0
+        free = subprocess.run([mpremote, "connect", port, "exec", FREE_FLASH_CMD], capture_output=True, text=True)
+        if free.returncode != 0:
+            raise PiconeoxError(f"cannot talk to the board on {port}: {(free.stderr or free.stdout).strip()[-200:]}")
+        check_fits(files, int(free.stdout.strip().splitlines()[-1]))
+        for step in steps:
+            print(f"==> {step.what}", flush=True)
+            if subprocess.run(step.argv).returncode != 0:
+                raise PiconeoxError(f"mpremote failed at: {step.what} (command: {shlex.join(step.argv)})")
     return 0
 
 

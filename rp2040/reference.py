@@ -250,7 +250,7 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
     import torch
     from tokenizers import Tokenizer
 
-    from utils.consolidate import load_model
+    from utils.ckpt import load_model
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
     checkpoint = Path(checkpoint or config["source"])
@@ -283,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rp2040.reference", description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir", type=Path, help="an int8 export, e.g. models/<name>")
     ap.add_argument("--text", type=Path, required=True, help="held-out text, e.g. a validation file")
-    ap.add_argument("--checkpoint", type=Path, help="the checkpoint it was exported from (default: config.json's source)")
+    ap.add_argument("--checkpoint", type=Path,
+                    help="the checkpoint it was exported from (default: config.json's source)")
     ap.add_argument("--max-tokens", type=int, default=20000, help="evaluate at most this many tokens (default 20000)")
     args = ap.parse_args(argv)
     try:

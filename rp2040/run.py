@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, help="0 = greedy")
     ap.add_argument("--top-k", type=int, help="0 = all tokens")
     ap.add_argument("--seed", type=int)
-    ap.add_argument("--stream", action="store_true", help="read each layer from the file per token, as a board short of RAM does")
+    ap.add_argument("--stream", action="store_true",
+                    help="read each layer from the file per token, as a board short of RAM does")
     args = ap.parse_args(argv)
     try:
         model_files(args.model_dir)

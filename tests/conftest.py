@@ -38,7 +38,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     """5% of the built-in demo corpus with the byte tokenizer (vocab 256): data for training tests."""
-    from prepare_data import prepare
+    from utils.data.prepare import prepare
 
     return prepare(["demo"], name="demo-byte-p5", out_dir=tmp_path_factory.mktemp("data"), tokenizer="byte",
                    dataset_percent=5)
@@ -53,6 +53,7 @@ def pytest_configure(config):
 def wandb_offline(tmp_path_factory):
     """W&B never reaches the network in tests, and writes nothing outside a temp folder."""
     home = tmp_path_factory.mktemp("wandb")
-    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(home), WANDB_CONFIG_DIR=str(home / "config"),
+    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(home),
+                      WANDB_CONFIG_DIR=str(home / "config"),
                       WANDB_CACHE_DIR=str(home / "cache"), WANDB_DATA_DIR=str(home / "data"))
     return home

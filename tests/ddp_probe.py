@@ -7,7 +7,7 @@ import torch
 from accelerate import Accelerator
 
 from configs.model import MODEL_PRESETS, build_model
-from train import lm_loss
+from utils.lm import lm_loss
 from utils.optim import build_optimizer
 
 accelerator = Accelerator(cpu=True)

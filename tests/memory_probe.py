@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-import train
 from configs.model import ModelConfig, build_model
-from utils import checkpoint as ckpt
-from utils.distributed import make_accelerator
+from utils import ckpt
+from utils.ckpt.uploader import CheckpointUploader, SaveRequest
+from utils.data.tokenizers import load_tokenizer
+from utils.distributed import checkpoint_group, make_accelerator, weights_come_from_rank0
+from utils.lm import lm_loss
 from utils.optim import build_optimizer
-from utils.tokenizers import load_tokenizer
-from utils.uploader import CheckpointUploader, SaveRequest
 
 MB = 1 << 20
 
@@ -51,13 +51,13 @@ import transformers.models.gpt_neox.modeling_gpt_neox  # noqa: E402,F401 (import
 from accelerate import init_empty_weights  # noqa: E402,F401
 
 before = rss()
-model = build_model(cfg, shapes_only=train.weights_come_from_rank0(accelerator))
+model = build_model(cfg, shapes_only=weights_come_from_rank0(accelerator))
 build = rss() - before
 params = sum(p.numel() for p in model.parameters())
 optimizer = build_optimizer(model, 1e-3, 0.1, (0.9, 0.95))
 model, optimizer = accelerator.prepare(model, optimizer)
 x = torch.randint(0, 256, (1, 8))
-train.lm_loss(model, x, x).backward()
+lm_loss(model, x, x).backward()
 optimizer.step()
 optimizer.zero_grad(set_to_none=True)
 unwrapped = accelerator.unwrap_model(model)
@@ -65,12 +65,14 @@ unwrapped = accelerator.unwrap_model(model)
 folder = out / "step-00000001"
 base = reset_peak()
 snap = ckpt.Snapshot(step=1, rank=rank, world_size=accelerator.num_processes,
-                     state=ckpt.staged_share(unwrapped, optimizer.optimizer, rank, accelerator.num_processes), weights=None,
+                     state=ckpt.staged_share(unwrapped, optimizer.optimizer, rank, accelerator.num_processes),
+                     weights=None,
                      rng=ckpt.rng_state(), hf_config=unwrapped.config, tokenizer=load_tokenizer(data),
-                     common={"scheduler": {}, "scaler": None, "loader": {}, "trainer": {}, "metrics": {}, "run_config": {}})
+                     common={"run_config": ("json", {})})
 staged = sum(ckpt.tensor_bytes(t) for _, t in ckpt.tensor_leaves(snap.state))
 one_staged = weakref.ref(next(ckpt.tensor_leaves(snap.state))[1])
-uploader = CheckpointUploader(None, keep_local=1, progress=False, group=ckpt.checkpoint_group(timedelta(minutes=10)), rank=rank)
+uploader = CheckpointUploader(None, keep_local=1, progress=False, group=checkpoint_group(timedelta(minutes=10)),
+                              rank=rank)
 uploader.submit(SaveRequest(snap, folder))
 del snap
 uploader.flush()
@@ -82,7 +84,8 @@ accelerator.wait_for_everyone()
 base = reset_peak()
 ckpt.load_sharded(folder, unwrapped, optimizer.optimizer)
 load = peak() - base
-print(json.dumps({"rank": rank, "build_mb": build / MB, "save_mb": save / MB, "load_mb": load / MB, "staged_mb": staged / MB, "freed": freed,
+print(json.dumps({"rank": rank, "build_mb": build / MB, "save_mb": save / MB, "load_mb": load / MB,
+                  "staged_mb": staged / MB, "freed": freed,
                   "checkpoint_mb": sum(p.stat().st_size for p in folder.iterdir()) / MB,
                   "weights_mb": params * 4 / MB, "optimizer_mb": params * 8 / MB}))
 accelerator.wait_for_everyone()

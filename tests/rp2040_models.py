@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from configs.model import MODEL_PRESETS, build_model
-from utils.tokenizers import build_tokenizer, save_tokenizer
+from utils.data.tokenizers import build_tokenizer, save_tokenizer
 
 
 def wide_init(model, seed: int):

@@ -76,7 +76,8 @@ def test_python_clis_refuse_bad_values_with_one_line(tmp_path, tiny_data):
         ("train", ["--preflight", "--output-dir", str(a_file / "ckpt")], "is a file, not a folder"),
         ("train", ["--preflight", "--log-dir", "/proc/piconeox"], "cannot write in /proc"),
         ("train", ["--data", str(tiny_data), "--log-dir", str(a_file), "--max-steps", "1"], "is a file, not a folder"),
-        ("download_training_data", ["--source", str(tiny_data), "--dest", str(a_file / "x")], "is a file, not a folder"),
+        ("download_training_data", ["--source", str(tiny_data), "--dest", str(a_file / "x")],
+         "is a file, not a folder"),
         ("download_training_data", ["--push", str(tiny_data), "--dest", "/proc/piconeox"], "cannot write in /proc"),
         ("train", ["--preflight", "--run-name", "../elsewhere"], "--run-name '../elsewhere' is not allowed"),
         # the sweep past the list: flag mistakes are one line too (not argparse's usage block), a text file as
@@ -86,8 +87,10 @@ def test_python_clis_refuse_bad_values_with_one_line(tmp_path, tiny_data):
         ("download_training_data", ["--dest", "x"], "one of the arguments --source --push is required"),
         ("utils.generate", [], "the following arguments are required: checkpoint"),
         ("train", ["--preflight", "--data", str(a_file)], "is a file; prepare it first with `python prepare_data.py"),
-        ("train", ["--preflight", "--set", "train.tokenizer_vocab=5"], "train.tokenizer_vocab=5: only for tokenizer bpe"),
-        ("train", ["--preflight", "--config", "small", "--set", "train.tokenizer_vocab=5"], "must be an integer >= 257"),
+        ("train", ["--preflight", "--set", "train.tokenizer_vocab=5"],
+         "train.tokenizer_vocab=5: only for tokenizer bpe"),
+        ("train", ["--preflight", "--config", "small", "--set", "train.tokenizer_vocab=5"],
+         "must be an integer >= 257"),
         # item 10: settings
         ("train", ["--preflight", "--config-file", png], "is not a text (UTF-8 YAML) file"),
         ("train", ["--preflight", "--config-file", str(tmp_path)], "is not a file"),
@@ -176,7 +179,8 @@ def test_round3_classes_are_one_line_in_every_cli(tmp_path, tmp_path_factory, ti
         ("rp2040.export", [str(ckpt), "--out", str(other)], "holds other files (keep.txt), not an exported model"),
         ("utils.evaluate", ["missing", "--eval-perplexity", txt, "--output", str(a_file / "r.json")],
          f"--output {a_file / 'r.json'}: {a_file} is a file, not a folder"),
-        ("utils.evaluate", ["missing", "--eval-perplexity", txt, "--output", str(tmp_path)], "is a folder: give a file"),
+        ("utils.evaluate", ["missing", "--eval-perplexity", txt, "--output", str(tmp_path)],
+         "is a folder: give a file"),
         ("utils.consolidate", [str(tmp_path), "--out", str(exported)], "not a consolidated checkpoint"),
         ("utils.consolidate", [str(tmp_path), "--out", str(a_file / "sub")], "is a file, not a folder"),
         # 2. devices
@@ -198,15 +202,18 @@ def test_round3_classes_are_one_line_in_every_cli(tmp_path, tmp_path_factory, ti
           for cli in ("rp2040.run", "rp2040.emulate", "rp2040.flash", "utils.evaluate")],
         *[(cli, [str(model), "--out", str(tmp_path / "new"), "--bogus"], "unrecognized arguments: --bogus")
           for cli in ("rp2040.export", "utils.consolidate")],
-        # issue 24, 6: the prompt limit on the host (both CLIs agree), per-flag messages, files named, folders told apart
+        # issue 24, 6: the prompt limit on the host (both CLIs agree), per-flag messages, files named,
+        # folders told apart
         *[(cli, [str(model), "--prompt", long_prompt], "prompt too long for the Pico's RAM: 20,000 characters, at most")
           for cli in ("rp2040.run", "rp2040.emulate")],
         ("utils.evaluate", ["missing", "--tasks", "x", "--batch-size", "0"], "--batch-size '0': must be a positive"),
         ("utils.evaluate", ["missing", "--tasks", "x", "--limit", "0"], "--limit 0: must be a positive integer"),
         ("utils.evaluate", ["missing", "--tasks", "x", "--num-fewshot", "-1"], "--num-fewshot -1: must be an integer"),
-        *[(cli, [str(garbage)], f"{garbage / 'config.json'} is not valid JSON") for cli in ("rp2040.run", "rp2040.emulate")],
+        *[(cli, [str(garbage)], f"{garbage / 'config.json'} is not valid JSON")
+          for cli in ("rp2040.run", "rp2040.emulate")],
         ("utils.generate", [str(tmp_path / "runs")], "is a folder of runs (r), not a checkpoint"),
-        ("utils.evaluate", [str(tmp_path / "runs"), "--eval-perplexity", txt], "is a folder of runs (r), not a checkpoint"),
+        ("utils.evaluate", [str(tmp_path / "runs"), "--eval-perplexity", txt],
+         "is a folder of runs (r), not a checkpoint"),
         ("utils.generate", [txt], "is a file, not a checkpoint folder"),
         ("utils.evaluate", [txt, "--eval-perplexity", txt], "is a file, not a checkpoint folder"),
         ("rp2040.export", [str(ckpt), "--out", str(tmp_path / "new"), "--ram-budget-kb", "1"],
@@ -247,14 +254,15 @@ def fresh_accelerate_state():
     GradientState._reset_state()
 
 
-def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, tiny_data, capsys, fresh_accelerate_state):
+def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, tiny_data, capsys,
+                                                                     fresh_accelerate_state):
     """Items 1, 11 and 8 on one tiny run (char tokenizer): refusal instead of a silent overwrite of best/, the eval
     line's interval throughput, the venv's tensorboard and the next commands; utils.generate refuses data of
     another tokenizer and prompt characters the char tokenizer would drop."""
     import re
 
     import train
-    from prepare_data import prepare
+    from utils.data.prepare import prepare
     from tests.test_train import TINY
     from utils import generate
 
@@ -278,7 +286,8 @@ def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, 
     for flags in (["--preflight"], []):  # the launcher's check, and train.py run directly
         assert train.main(argv + flags) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith("error: ") and "--resume auto" in err and "--run-name" in err and len(err.splitlines()) == 1
+        assert err.startswith("error: ") and "--resume auto" in err and "--run-name" in err
+        assert len(err.splitlines()) == 1
     assert {p.name: p.read_bytes() for p in best.iterdir()} == before
 
     assert generate.main([str(best), "--eval-data", str(tiny_data), "--eval-batches", "1"]) == 2
@@ -296,7 +305,7 @@ def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, 
 ])
 def test_ctrl_c_during_prepare_stops_at_once_and_keeps_the_old_dataset(tmp_path, shared_data, tokenizer, extra,
                                                                        copies, busy_when, delay):
-    from prepare_data import prepare
+    from utils.data.prepare import prepare
 
     old = prepare(["demo"], "d", tmp_path / "data", tokenizer, 300 if tokenizer == "bpe" else None, dataset_percent=5)
     before = {p.name: p.read_bytes() for p in old.iterdir()}
@@ -306,7 +315,8 @@ def test_ctrl_c_during_prepare_stops_at_once_and_keeps_the_old_dataset(tmp_path,
         (src / f"part{i:02d}.txt").symlink_to(shared_data / "tinystories" / "tinystories_10k.txt")
     proc = subprocess.Popen([sys.executable, str(REPO / "prepare_data.py"), str(src), "--name", "d", "--out-dir",
                              str(tmp_path / "data"), "--tokenizer", tokenizer, *extra], cwd=tmp_path,
-                            env={k: v for k, v in os.environ.items() if k != "TOKENIZERS_PARALLELISM"},  # as users run it
+                            # as users run it
+                            env={k: v for k, v in os.environ.items() if k != "TOKENIZERS_PARALLELISM"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     err = bytearray()
 
@@ -334,15 +344,18 @@ def test_ctrl_c_during_prepare_stops_at_once_and_keeps_the_old_dataset(tmp_path,
 
 
 @pytest.mark.parametrize("script,args,message", [
-    ("start_training.sh", ["--config", "test", "--gpus", "99999999999999999999"], "--gpus '99999999999999999999' is not a whole number"),
+    ("start_training.sh", ["--config", "test", "--gpus", "99999999999999999999"],
+     "--gpus '99999999999999999999' is not a whole number"),
     ("start_training.sh", ["--config", "test", "--gpus", "0", "--", "--bogus"], "unrecognized arguments: --bogus"),
     ("start_training.sh", ["--config", "test", "--gpus", "0", "--", "--set", "train.beta2=5"], "train.beta2=5.0"),
     ("setup.sh", ["--bogus"], "unknown option '--bogus'"),
     ("benchmarks/shakespeare_char.sh", ["--presets"], "--presets needs a comma-separated list of presets"),
-    ("benchmarks/shakespeare_char.sh", ["--fast"], "unknown argument --fast (allowed: --vs-nanogpt PATH, --presets LIST)"),
+    ("benchmarks/shakespeare_char.sh", ["--fast"],
+     "unknown argument --fast (allowed: --vs-nanogpt PATH, --presets LIST)"),
 ])
 def test_shell_clis_refuse_bad_values_with_one_line(tmp_path, script, args, message):
-    proc = subprocess.run(["bash", str(REPO / script), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    proc = subprocess.run(["bash", str(REPO / script), *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120,
                           env={**os.environ, "PICONEOX_FAKE_GPUS": "0"})
     assert_one_error_line(proc.returncode, proc.stderr, message, script)
     assert len(proc.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())

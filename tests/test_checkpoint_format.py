@@ -5,7 +5,7 @@ import torch
 
 from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
 from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils import checkpoint as ckpt
+from utils import ckpt
 
 
 def flip_a_byte(path) -> None:
@@ -115,7 +115,7 @@ def test_gpu_rng_of_a_bigger_box_restores_on_a_smaller_one(monkeypatch):
 
 
 def test_a_grace_period_too_short_for_a_save_is_said_at_start_up(tmp_path, tiny_data):
-    from utils.checkpoint import grace_warning
+    from utils.ckpt import grace_warning
 
     assert grace_warning(1_414_647_808, 8, 30, bucket=True) is None  # 1.2B on 8 ranks: 2.1 GB per rank fits
     assert "cannot hold a save of 16.98 GB per rank" in grace_warning(1_414_647_808, 1, 30, bucket=True)

@@ -37,7 +37,8 @@ def test_fast_shakespeare_preset_is_the_like_for_like_model_and_batch_on_a_short
     """shakespeare_char.sh compares both presets with nanoGPT: only the schedule may differ, not model or data."""
     like, fast = resolve_config("shakespeare-char", None, {}), resolve_config("shakespeare-char-fast", None, {})
     assert fast.model == like.model
-    same = ("data", "tokenizer", "seq_len", "micro_batch_size", "grad_accum_steps", "beta2", "matmul_precision", "attention")
+    same = ("data", "tokenizer", "seq_len", "micro_batch_size", "grad_accum_steps", "beta2", "matmul_precision",
+            "attention")
     assert [getattr(fast.train, k) for k in same] == [getattr(like.train, k) for k in same]
     assert fast.train.max_steps < like.train.max_steps and fast.train.learning_rate > like.train.learning_rate
     assert fast.train.max_steps % fast.train.save_every == 0  # its last step is a full, resumable checkpoint
@@ -54,7 +55,8 @@ def test_yaml_and_overrides_apply_in_order(tmp_path):
     f = tmp_path / "run.yaml"
     f.write_text("model:\n  num_layers: 3\ntrain:\n  max_steps: 50\n  learning_rate: 0.002\n")
     cfg = resolve_config("test", str(f), {"train.max_steps": "70", "model.dropout": "0.1"})
-    assert (cfg.model.num_layers, cfg.train.max_steps, cfg.train.learning_rate, cfg.model.dropout) == (3, 70, 0.002, 0.1)
+    got = (cfg.model.num_layers, cfg.train.max_steps, cfg.train.learning_rate, cfg.model.dropout)
+    assert got == (3, 70, 0.002, 0.1)
 
 
 @pytest.mark.parametrize("preset,overrides,message", [
@@ -99,7 +101,8 @@ def test_global_batch_fixes_accumulation_per_world_size():
     assert [tc.for_world(w).grad_accum_steps for w in (1, 2, 4)] == [4, 2, 1]
     with pytest.raises(PiconeoxError, match="512 is not a whole multiple of .* = 4 x 32 x 8 = 1,024"):
         tc.for_world(8)
-    with pytest.raises(PiconeoxError, match="grad_accum_steps=3 disagrees with train.global_batch_tokens=512, which needs 2"):
+    with pytest.raises(PiconeoxError,
+                       match="grad_accum_steps=3 disagrees with train.global_batch_tokens=512, which needs 2"):
         TrainConfig(seq_len=32, micro_batch_size=4, grad_accum_steps=3, global_batch_tokens=512).for_world(2)
     # Unset: the batch at the run's start (micro x accum x seq x world), then kept by a resume elsewhere.
     started = TrainConfig(seq_len=32, micro_batch_size=4, grad_accum_steps=1).for_world(2)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from utils import checkpoint as ckpt
+from utils import ckpt
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
@@ -22,7 +22,8 @@ TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
 
 def run_bounded(cmd, timeout: float, **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run in its own session; a hang past `timeout` kills every process of the run and fails."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kwargs)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -234,7 +235,7 @@ def test_launcher_syncs_gs_data_once_per_machine_before_the_launch(tmp_path, tin
     """--data gs://: start_training.sh syncs it into this host's cache before `accelerate launch`, outside any
     process group, and both ranks read that folder (train.py refuses to sync with more than one process)."""
     from utils.storage import open_storage
-    from utils.sync import upload_tree
+    from utils.storage.sync import upload_tree
 
     upload_tree(tiny_data, open_storage(gcs_emulator.url("data/tiny"), timeout_s=5), progress=False)
     _, proc = launch(tmp_path, gcs_emulator.url("data/tiny"), 2, 4, "--max-steps", "2")

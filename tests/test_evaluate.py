@@ -28,7 +28,7 @@ def load(folder):
     """Weights and tokenizer of any of our checkpoints (a step folder is sharded: utils.consolidate reads it)."""
     from transformers import AutoTokenizer
 
-    from utils.consolidate import load_model
+    from utils.ckpt import load_model
 
     return load_model(folder).eval(), AutoTokenizer.from_pretrained(folder)
 
@@ -87,15 +87,18 @@ def test_word_perplexity_of_wikitext_equals_a_hand_computation(tmp_path, run_dir
     assert sum(len(t) for _, t in windows) == len(ids) == got["tokens"]
     assert got["words"] == len(text.split())
     assert got["word_perplexity"] == pytest.approx(torch.tensor(nll / len(text.split())).exp().item(), rel=1e-4)
-    assert got["bits_per_byte"] == pytest.approx(nll / len(text.encode()) / torch.log(torch.tensor(2.0)).item(), rel=1e-4)
+    bits_per_byte = nll / len(text.encode()) / torch.log(torch.tensor(2.0)).item()
+    assert got["bits_per_byte"] == pytest.approx(bits_per_byte, rel=1e-4)
 
 
 def test_bad_input_is_one_line(tmp_path, run_dir, capsys):
     for argv, message in [
         ([str(tmp_path / "nope"), "--eval-perplexity", __file__], "no such checkpoint folder"),
         ([str(run_dir), "--eval-perplexity", str(tmp_path / "none.txt")], "--eval-perplexity"),
-        ([str(run_dir), "--tasks", "tiny_hellaswag", "--include-path", str(tmp_path / "none")], "no such folder of task YAML"),
-        ([str(run_dir), "--tasks", "tiny_hellaswag", "--batch-size", "0"], "--batch-size '0': must be a positive integer or auto"),
+        ([str(run_dir), "--tasks", "tiny_hellaswag", "--include-path", str(tmp_path / "none")],
+         "no such folder of task YAML"),
+        ([str(run_dir), "--tasks", "tiny_hellaswag", "--batch-size", "0"],
+         "--batch-size '0': must be a positive integer or auto"),
     ]:
         assert evaluate_main(argv) == 2
         err = capsys.readouterr().err.strip()

@@ -13,7 +13,8 @@ BLOCK_GCS = """
 import sys
 class NoGoogleClients:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[:2] in (["google", "cloud"], ["google", "auth"], ["google", "api_core"], ["google", "oauth2"]):
+        if name.split(".")[:2] in (["google", "cloud"], ["google", "auth"], ["google", "api_core"],
+                                   ["google", "oauth2"]):
             raise ImportError(f"{name} is not installed on this box")
 sys.meta_path.insert(0, NoGoogleClients())
 """

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import train
-from prepare_data import main as prepare_main, prepare
-from utils.loader import BlockLoader
-from utils.shards import read_manifest
-from utils.tokenizers import file_sha256
+from prepare_data import main as prepare_main
+from utils.data.prepare import prepare
+from utils.data.loader import BlockLoader
+from utils.data.shards import read_manifest
+from utils.data.tokenizers import file_sha256
 
 from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (the fixture resets accelerate)
 
@@ -106,7 +107,8 @@ def bad_folder(kind, pythia_like, tmp_path):
     ("other-data", "was tokenized with another tokenizer"),
 ])
 def test_bad_init_from_is_one_line(tmp_path, tiny_data, pythia_like, capsys, kind, message):
-    folder = {"missing": tmp_path / "nope", "other-data": pythia_like}.get(kind) or bad_folder(kind, pythia_like, tmp_path)
+    folder = ({"missing": tmp_path / "nope", "other-data": pythia_like}.get(kind)
+              or bad_folder(kind, pythia_like, tmp_path))
     code, _, _ = run(tmp_path, tiny_data, "--max-steps", "1", "--init-from", str(folder))
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("error: --init-from") and message in err and len(err.splitlines()) == 1

@@ -4,7 +4,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -77,7 +76,8 @@ def test_gpus_asked_but_torch_sees_none_is_an_error(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake_smi = bin_dir / "nvidia-smi"
-    fake_smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\necho 'GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1)'\n")
+    fake_smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n"
+                        "echo 'GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1)'\n")
     fake_smi.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "PICONEOX_FAKE_GPUS"}
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
@@ -262,7 +262,8 @@ def test_signal_reaches_the_training_processes_and_the_launcher_waits_for_their_
     deadline = time.time() + 60
     while not all(f.exists() for f in pid_files) and time.time() < deadline:
         time.sleep(0.1)
-    assert all(f.exists() for f in pid_files), proc.stderr.read() if proc.poll() is not None else "train.py never started"
+    assert all(f.exists() for f in pid_files), (proc.stderr.read() if proc.poll() is not None
+                                                else "train.py never started")
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     # the launcher returned only after each trainer's 1 s "save", with exit code 0 and no traceback
@@ -286,7 +287,8 @@ def test_user_mistakes_stop_at_the_preflight_with_one_line(tmp_path):
     """Before `accelerate launch`: no launcher traceback for a bad preset, data or resume path."""
     for extra, message in ((["--config", "nope"], "error: unknown preset 'nope'"),
                            (["--config", "test", "--data", str(tmp_path / "missing")], "no such directory"),
-                           (["--config", "test", "--", "--resume", str(tmp_path / "run")], "no such checkpoint or run directory")):
+                           (["--config", "test", "--", "--resume", str(tmp_path / "run")],
+                            "no such checkpoint or run directory")):
         proc = subprocess.run([str(REPO / "start_training.sh"), "--gpus", "0", *extra], cwd=tmp_path,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2
@@ -310,7 +312,8 @@ def test_gs_settings_are_refused_before_the_launch(tmp_path):
 
 
 def test_gpu_check_refuses_a_machine_without_a_gpu():
-    proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == ("error: benchmarks/gpu_check.sh measures a CUDA GPU and torch sees none on this machine; "
                            "run it on a GPU machine\n")

@@ -1,4 +1,4 @@
-"""utils/loader.py: packed blocks, seeded order, rank split, exact resume, eval batches, refusals."""
+"""utils/data/loader.py: packed blocks, seeded order, rank split, exact resume, eval batches, refusals."""
 import json
 from collections import Counter
 
@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from prepare_data import prepare
+from utils.data.prepare import prepare
 from utils.crc import crc32c_file
 from utils.errors import PiconeoxError
-from utils.loader import BlockLoader
-from utils.shards import read_manifest, write_manifest
-from utils.tokenizers import EOT, load_tokenizer
+from utils.data.loader import BlockLoader
+from utils.data.shards import read_manifest, write_manifest
+from utils.data.tokenizers import EOT, load_tokenizer
 
 T = 16  # seq_len for the small dataset
 

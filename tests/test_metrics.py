@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from configs.model import MODEL_PRESETS, PRODUCTION, build_model, count_parameters
-from utils.metrics import (
-    MetricsWriter, ProgressBar, gpu_stats, matmul_params, mfu, model_flops_per_token, peak_flops, setup_logging,
-)
+from configs.plan import matmul_params, model_flops_per_token
+from utils.metrics import MetricsWriter, gpu_stats, mfu, peak_flops, setup_logging
+from utils.progress import ProgressBar
 
 
 def read_scalars(log_dir, key):

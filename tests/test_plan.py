@@ -1,11 +1,11 @@
-"""utils/plan.py: the 1.2B plan on 8 GPUs from the meta device, checked against hand calculations."""
+"""configs/plan.py: the 1.2B plan on 8 GPUs from the meta device, checked against hand calculations."""
 import resource
 
 import pytest
 
 from configs.presets import resolve_config
 from utils.errors import PiconeoxError
-from utils.plan import format_plan, needs_activation_checkpointing, plan
+from configs.plan import format_plan, needs_activation_checkpointing, plan
 
 P, LAYER = 1_414_647_808, 50_358_272  # Pythia-1.4B shape, untied (STACK_NOTES.md)
 

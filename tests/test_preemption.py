@@ -9,11 +9,10 @@ import time
 
 import pytest
 
-import train
 from tests.conftest import REPO
 from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
 from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils import checkpoint as ckpt
+from utils import ckpt, lm
 from utils.errors import PiconeoxError
 from utils.preemption import StopRequest
 
@@ -96,7 +95,7 @@ def test_only_rank_0_clock_decides_the_time_limit():
 def signal_on_forward(monkeypatch, call: int) -> None:
     """Deliver SIGTERM to this process during the `call`-th forward pass of the run (train or eval)."""
     calls = {"n": 0}
-    real = train.lm_loss
+    real = lm.lm_loss
 
     def lm_loss(model, x, y):
         calls["n"] += 1
@@ -104,7 +103,7 @@ def signal_on_forward(monkeypatch, call: int) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
         return real(model, x, y)
 
-    monkeypatch.setattr(train, "lm_loss", lm_loss)
+    monkeypatch.setattr(lm, "lm_loss", lm_loss)
 
 
 def test_sigterm_inside_gradient_accumulation_resumes_exactly(tmp_path, tiny_data, monkeypatch):

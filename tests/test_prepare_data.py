@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prepare_data import prepare
-from utils.demo_corpus import generate_stories
+from utils.data.prepare import prepare
+from utils.data.demo_corpus import generate_stories
 from utils.errors import PiconeoxError
-from utils.shards import read_manifest, verify_dataset
-from utils.tokenizers import EOT, load_tokenizer
+from utils.data.shards import read_manifest, verify_dataset
+from utils.data.tokenizers import EOT, load_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -233,7 +233,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, kwargs, message):
     (tmp_path / "empty.txt").write_bytes(b"")
     write(tmp_path / "blank.txt", "  \n\n \n")
     write(tmp_path / "one.txt", "a single document")
-    files = {"EMPTY": str(tmp_path / "empty.txt"), "BLANK": str(tmp_path / "blank.txt"), "ONE": str(tmp_path / "one.txt")}
+    files = {"EMPTY": str(tmp_path / "empty.txt"), "BLANK": str(tmp_path / "blank.txt"),
+             "ONE": str(tmp_path / "one.txt")}
     inputs = [files.get(i, i) for i in kwargs.pop("inputs", ["ONE"])]
     if "val" in kwargs:
         kwargs["val"] = [files.get(i, i) for i in kwargs["val"]]
@@ -273,7 +274,8 @@ def test_cli_val_takes_several_files_and_tail_needs_no_val(tmp_path, shared_data
     r = subprocess.run([sys.executable, "prepare_data.py", str(wiki / "test.txt"), "--val", str(wiki / "valid.txt"),
                         str(wiki / "test.txt"), "--name", "w", "--out-dir", str(tmp_path), "--workers", "1"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == "error: --val file(s) are also inputs: " + str(wiki / "test.txt")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == "error: --val file(s) are also inputs: " + str(wiki / "test.txt")
     r = subprocess.run([sys.executable, "prepare_data.py", str(wiki / "test.txt"), "--val", str(wiki / "valid.txt"),
                         "--name", "w", "--out-dir", str(tmp_path), "--workers", "1"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)

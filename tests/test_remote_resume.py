@@ -7,17 +7,16 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import REPO
 from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils import checkpoint as ckpt
+from utils import ckpt
 from utils.errors import PiconeoxError
-from utils.remote_checkpoint import latest_complete_step, remote_steps
-from utils.resume import candidates, fetch
+from utils.ckpt.remote import latest_complete_step, remote_steps
+from utils.ckpt.resume import candidates, fetch
 from utils.storage import open_storage
 
 
@@ -156,7 +155,7 @@ def test_bucket_down_at_start_resumes_locally_and_training_goes_on(tmp_path, tin
 def test_a_checkpoint_that_never_reached_a_directory_bucket_exits_3_and_push_finishes_it(tmp_path, tiny_data, capsys):
     """Issue 24 item 3 (a directory as --checkpoint-bucket), issue 21 item 8 (no best/ suggested when none exists)."""
     from utils import push_checkpoint
-    from utils.remote_checkpoint import newest_verified
+    from utils.ckpt.remote import newest_verified
 
     bucket = tmp_path / "bucket"
     bucket.write_text("a file where the bucket folder should be: every upload fails")

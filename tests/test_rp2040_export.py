@@ -11,9 +11,9 @@ from rp2040.export import Vocab, export
 from rp2040.runtime.gpt import GPT
 from rp2040.runtime.modelfile import FormatError
 from rp2040.runtime.tokenizer import StreamDecoder, Tokenizer
-from utils import checkpoint as ckpt
+from utils import ckpt
 from utils.errors import PiconeoxError
-from utils.tokenizers import build_tokenizer, save_tokenizer
+from utils.data.tokenizers import build_tokenizer, save_tokenizer
 
 REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
 # Not a preset: untied head, sequential residual, half of each head rotary (4 of 8 dims).

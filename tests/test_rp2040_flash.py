@@ -9,7 +9,7 @@ from configs.model import MODEL_PRESETS, build_model
 from rp2040 import flash
 from rp2040.export import export
 from utils.errors import PiconeoxError
-from utils.tokenizers import build_tokenizer, save_tokenizer
+from utils.data.tokenizers import build_tokenizer, save_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 

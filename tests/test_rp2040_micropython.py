@@ -89,7 +89,8 @@ def test_bytecode_mpy_runs_in_micropython(checkpoints, tmp_path):
     """The runtime precompiled by mpy-cross (no -march: portable bytecode) imports and generates."""
     model_dir, _, _ = _export(checkpoints, "rp2040-speed", "int8", tmp_path)
     run = ("import piconeox.gpt\nprint(piconeox.gpt.__file__)\n" + LOAD +
-           "gen = Generator(model, Sampler(model.h.vocab))\ngen.prompt([72, 105])\nprint([gen.step() for _ in range(8)])")
+           "gen = Generator(model, Sampler(model.h.vocab))\ngen.prompt([72, 105])\n"
+           "print([gen.step() for _ in range(8)])")
     out = wasm.run([run], model_dir, mpy=True)[0].stdout.splitlines()
     assert out[0].endswith("gpt.mpy")
     source = wasm.run([run], model_dir, mpy=False)[0].stdout.splitlines()

@@ -1,14 +1,14 @@
-"""utils/shards.py: shard writing, the manifest, and verify_dataset refusing data that does not match."""
+"""utils/data/shards.py: shard writing, the manifest, and verify_dataset refusing data that does not match."""
 import json
 import os
 
 import numpy as np
 import pytest
 
-from prepare_data import prepare
+from utils.data.prepare import prepare
 from utils.crc import INDEX_NAME, crc32c_file
 from utils.errors import PiconeoxError
-from utils.shards import ShardWriter, read_manifest, token_dtype, verify_dataset
+from utils.data.shards import ShardWriter, read_manifest, token_dtype, verify_dataset
 
 
 @pytest.fixture

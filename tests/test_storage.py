@@ -1,4 +1,4 @@
-"""utils/storage.py against real servers on 127.0.0.1 and a local directory, through the official client."""
+"""utils/storage/ against real servers on 127.0.0.1 and a local directory, through the official client."""
 import json
 import logging
 import os
@@ -12,7 +12,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from utils.errors import PiconeoxError
-from utils.storage import ObjectExists, StorageError, UPLOAD_CHUNK_SIZE, open_storage, safe_relpath
+from utils.storage import ObjectExists, StorageError, open_storage, safe_relpath
+from utils.storage.gcs import UPLOAD_CHUNK_SIZE
 
 
 @pytest.mark.parametrize("name", ["a.npy", "train/shard-0001.npy", "x..y/z", "dir.v2/.hidden"])
@@ -208,7 +209,7 @@ def test_no_credentials_is_a_clear_error_without_network(tmp_path, monkeypatch):
 def test_the_key_mode_warning_comes_once_not_again_in_the_launched_run(gcs_emulator, tmp_path, caplog, monkeypatch):
     """Issue 24 item 6: the preflight warns; later opens in that process and the run start_training.sh launches
     after it (PICONEOX_PREFLIGHT_PASSED) do not repeat it."""
-    import utils.storage as storage_module
+    import utils.storage.gcs as storage_module
 
     key = tmp_path / "key.json"
     key.write_text(json.dumps(service_account_key()))

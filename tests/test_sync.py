@@ -1,4 +1,4 @@
-"""utils/sync.py: verified download/upload of real text trees against real servers and local directories."""
+"""utils/storage/sync.py: verified download/upload of real text trees against real servers and local directories."""
 import json
 import os
 import socket
@@ -9,7 +9,8 @@ import pytest
 from tests.gcs_servers import CuttingRelay, start_fake_gcs, use_server
 from utils.errors import PiconeoxError
 from utils.storage import open_storage
-from utils.sync import INDEX_NAME, download_tree, ensure_local, upload_tree
+from utils.data.source import ensure_local
+from utils.storage.sync import INDEX_NAME, download_tree, upload_tree
 
 
 def seed(bucket, prefix: str, tree: dict[str, bytes]) -> None:

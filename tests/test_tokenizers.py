@@ -1,9 +1,9 @@
-"""utils/tokenizers.py: the three tokenizers, their saved form, and transformers loading."""
+"""utils/data/tokenizers.py: the three tokenizers, their saved form, and transformers loading."""
 import numpy as np
 import pytest
 
 from utils.errors import PiconeoxError
-from utils.tokenizers import (EOT, build_tokenizer, encode_batches, encode_documents, load_tokenizer,
+from utils.data.tokenizers import (EOT, build_tokenizer, encode_batches, encode_documents, load_tokenizer,
                               missing_chars, save_tokenizer, tokenizer_kind)
 
 TRICKY = "Héllo wörld 🎉 “quotes”\n\n  two  spaces\ttab\r\nend . , ! x"

@@ -49,7 +49,8 @@ def test_every_tracker_gets_every_scalar_the_config_and_the_sample(tmp_path, tin
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     monkeypatch.delenv("WANDB_DIR")  # the default: next to the run's other logs
-    code, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "4", "--eval-every", "2", "--report-to", "tensorboard,wandb")
+    code, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "4", "--eval-every", "2",
+                           "--report-to", "tensorboard,wandb")
     assert code == 0
     logs = tmp_path / "logs" / "run"
     expected = {}

@@ -14,16 +14,17 @@ import torch
 
 from configs.model import ModelConfig, build_model
 from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils import checkpoint as ckpt
-from utils.consolidate import load_model
+from utils import ckpt
+from utils.ckpt import load_model
 from utils.errors import PiconeoxError
-from utils.loader import BlockLoader
+from utils.lm import lm_loss
+from utils.data.loader import BlockLoader
 from utils.metrics import MetricsWriter
 from utils.optim import build_optimizer, build_scheduler
-from utils.remote_checkpoint import download_checkpoint, latest_complete_step, remote_steps
+from utils.ckpt.remote import download_checkpoint, latest_complete_step, remote_steps
 from utils.storage import Storage, open_storage
-from utils.tokenizers import load_tokenizer
-from utils.uploader import CheckpointUploader, SaveRequest
+from utils.data.tokenizers import load_tokenizer
+from utils.ckpt.uploader import CheckpointUploader, SaveRequest
 
 TIMEOUT_S = 2.0  # per storage call, retries included: a dead server fails an upload in ~2 s
 
@@ -32,8 +33,6 @@ class Trainer:
     """A tiny GPT-NeoX really training on the demo corpus; `snapshot()` captures it like train.py does."""
 
     def __init__(self, data_dir: Path, log_dir: Path):
-        from train import TrainerState, lm_loss
-
         torch.manual_seed(0)
         cfg = ModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64, max_position_embeddings=32,
                           vocab_size=256)
@@ -43,21 +42,22 @@ class Trainer:
         self.loader = BlockLoader(data_dir, "train", 32, 4, seed=1)
         self.tokenizer = load_tokenizer(data_dir)
         self.metrics = MetricsWriter(log_dir, True)
-        self.state = TrainerState()
+        self.state = ckpt.TrainerState()
         self.run_config = {"model": cfg.to_dict()}
-        self._loss = lm_loss
 
     def step(self) -> None:
         x, y = next(self.loader)
-        self._loss(self.model, x, y).backward()
+        lm_loss(self.model, x, y).backward()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
 
     def snapshot(self) -> ckpt.Snapshot:
-        return ckpt.capture(self.state.step, self.model, self.optimizer, self.scheduler, None, self.loader,
-                            self.state, self.metrics, self.run_config, self.tokenizer)
+        parts = ckpt.training_parts(self.scheduler, None, self.loader, self.state, self.metrics)
+        checkpointer = ckpt.Checkpointer(self.model, self.optimizer, parts, run_config=self.run_config,
+                                         tokenizer=self.tokenizer)
+        return checkpointer.capture(self.state.step)
 
 
 @pytest.fixture(autouse=True)
@@ -144,7 +144,7 @@ def latest_loads(store: Storage, cache: Path) -> int:
     step = latest_complete_step(remote_steps(store))
     folder = download_checkpoint(store, step, cache, progress=False)
     model = load_model(folder)  # crc32c-verified against the marker
-    assert ckpt.load_common(folder)["trainer"]["step"] == step and model.num_parameters() > 0
+    assert ckpt.read_part(folder, "trainer")["step"] == step and model.num_parameters() > 0
     return step
 
 

@@ -1,4 +1,5 @@
-"""The run's process group: the Accelerator with its FSDP2 settings and collective timeout.
+"""Every process group of a run (the Accelerator's, with its FSDP2 settings and collective timeout, and the
+checkpoint savers' gloo group) and the "rank 0 decides, everyone learns" helpers.
 
 FSDP2 settings come from the accelerate config (`accelerate launch` turns its `fsdp_config` into
 ACCELERATE_USE_FSDP / FSDP_* variables); on top of them gradients are reduced in fp32 under mixed
@@ -17,10 +18,12 @@ from __future__ import annotations
 import os
 import sys
 from datetime import timedelta
+from typing import Callable, TypeVar
 
 from utils.errors import PiconeoxError
 
 CPU_FSDP_ENV = "PICONEOX_CPU_FSDP"
+T = TypeVar("T")
 
 
 def fsdp_requested() -> bool:
@@ -61,8 +64,9 @@ def make_accelerator(mixed_precision: str, cuda: bool, timeout_minutes: float):
                               kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=timeout_minutes))])
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != accelerator.num_processes:  # e.g. an FSDP config on a box without CUDA: each rank alone
-        raise PiconeoxError(f"{launched} processes were launched but they formed a group of {accelerator.num_processes}; "
-                            "without GPUs use ./start_training.sh --gpus 0 --procs N (FSDP and multi-GPU configs need CUDA)")
+        raise PiconeoxError(f"{launched} processes were launched but they formed a group of "
+                            f"{accelerator.num_processes}; without GPUs use ./start_training.sh --gpus 0 --procs N "
+                            "(FSDP and multi-GPU configs need CUDA)")
     if plugin is not None and accelerator.distributed_type == DistributedType.MULTI_CPU:
         if os.environ.get(CPU_FSDP_ENV) == "1":
             shard_on_cpu(accelerator, plugin)
@@ -81,7 +85,8 @@ def shard_on_cpu(accelerator, plugin) -> None:
     from accelerate.utils import DistributedType
 
     if plugin.fsdp_version != 2:
-        raise PiconeoxError(f"{CPU_FSDP_ENV}=1 needs fsdp_version: 2 in the accelerate config (got {plugin.fsdp_version})")
+        raise PiconeoxError(f"{CPU_FSDP_ENV}=1 needs fsdp_version: 2 in the accelerate config "
+                            f"(got {plugin.fsdp_version})")
     if accelerator.mixed_precision != "no":
         plugin.set_mixed_precision(accelerator.mixed_precision)  # what AcceleratorState does for GPU FSDP
     accelerator.state.distributed_type = DistributedType.FSDP
@@ -119,12 +124,99 @@ def shorten_timeout(minutes: float) -> None:
         dist.distributed_c10d._set_pg_timeout(timedelta(minutes=minutes))
 
 
+def timeouts_line(accelerator, vote_group, saver_group, from_step: int) -> str:
+    """The log line saying every group's collective timeout once the run's has been shortened."""
+    minutes = [group_timeout(accelerator, g).total_seconds() / 60 for g in (None, vote_group, saver_group)]
+    return (f"collective timeout {minutes[0]:g} min from step {from_step} on (stop vote {minutes[1]:g} min, "
+            f"checkpoint savers {minutes[2]:g} min)")
+
+
 def check_timeout(minutes: float, flag: str = "--collective-timeout-minutes", default: float = 60) -> None:
     """A timeout flag must be a positive, finite number of minutes."""
     import math
 
     if not (math.isfinite(minutes) and minutes > 0):
         raise PiconeoxError(f"{flag} {minutes:g}: must be a positive number of minutes (default {default:g})")
+
+
+def cpu_group(timeout: timedelta | None = None):
+    """A gloo group of every rank for side traffic on the CPU (None when not distributed): its collectives never
+    interleave with the training's, nor wait for the GPU stream."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    return dist.new_group(backend="gloo", timeout=timeout)
+
+
+def checkpoint_group(timeout: timedelta):
+    """The background savers' group. A save may wait on a slow upload of another rank: `timeout` (the run's
+    start-up collective timeout, which also covers a synchronous save) bounds it, so a dead rank fails the save."""
+    return cpu_group(timeout)
+
+
+def _world(group=None) -> int:
+    """Processes in `group` (the default group when None); 1 without torch.distributed."""
+    import torch.distributed as dist
+
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+
+
+def broadcast_object(obj: T, group=None) -> T:
+    """Rank 0's `obj` on every rank of `group` (picklable; returned as is in a single process)."""
+    if _world(group) == 1:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+def gather_object(obj, group=None) -> list | None:
+    """Every rank's `obj` in rank order, on rank 0; None elsewhere."""
+    if _world(group) == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * dist.get_world_size(group) if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0, group=group)
+    return out
+
+
+def all_gather_object(obj, group=None) -> list:
+    """Every rank's `obj` in rank order, on every rank."""
+    if _world(group) == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def rank0_decides(decide: Callable[[], T], is_main: bool) -> T:
+    """`decide()` runs on rank 0 only and every rank learns its result, or the same PiconeoxError line.
+
+    No rank waits in a collective while another does long work: only the decision travels.
+    """
+    result, error = None, None
+    if is_main:
+        try:
+            result = decide()
+        except PiconeoxError as e:
+            error = str(e)
+    result, error = broadcast_object((result, error))
+    if error:
+        raise PiconeoxError(error if is_main else f"rank 0: {error}")
+    return result
+
+
+def weights_come_from_rank0(accelerator) -> bool:
+    """FSDP2 with cpu_ram_efficient_loading: prepare() shards rank 0's weights to every rank, so the others
+    build shapes only (the host holds one fp32 model, not one per rank)."""
+    plugin = accelerator.state.fsdp_plugin if accelerator.is_fsdp2 else None
+    return bool(plugin and plugin.cpu_ram_efficient_loading and not accelerator.is_main_process)
 
 
 def route_interface(host: str) -> str | None:
@@ -151,20 +243,3 @@ def route_interface(host: str) -> str | None:
         if int(addr) & mask == dest and (best is None or mask.bit_count() > best[0]):
             best = (mask.bit_count(), fields[0])
     return best[1] if best else None
-
-
-def main_decides(accelerator, check) -> None:
-    """Run `check` on the main process (it alone writes the run's folders and trackers) and raise its refusal on
-    every rank, so that no rank is left waiting for one that stopped."""
-    refusal = [None]
-    if accelerator.is_main_process:
-        try:
-            check()
-        except PiconeoxError as e:
-            refusal = [str(e)]
-    if accelerator.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        broadcast_object_list(refusal)
-    if refusal[0]:
-        raise PiconeoxError(refusal[0])

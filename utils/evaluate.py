@@ -20,9 +20,9 @@ import math
 import sys
 from pathlib import Path
 
+from utils import ckpt
 from utils.devices import resolve_device
-from utils.errors import CliParser, PiconeoxError
-from utils.generate import checkpoint_folder
+from utils.errors import CliParser, PiconeoxError, cli
 from utils.outputs import check_output_file
 from utils.textfile import read_text
 
@@ -75,7 +75,8 @@ def run_tasks(lm, tasks: list[str], manager, limit: int | None, num_fewshot: int
     import lm_eval
 
     try:
-        return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
+        return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
+                                       num_fewshot=num_fewshot,
                                        log_samples=False, random_seed=seed, numpy_random_seed=seed,
                                        torch_random_seed=seed, fewshot_random_seed=seed)
     except (ConnectionError, OSError) as e:  # the hub is out of reach and the data is not cached
@@ -101,7 +102,8 @@ def parse_args(argv):
         prog="python -m utils.evaluate", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="checkpoints/<run>/best, final or step-XXXXXXXX (a run directory: its best/)")
-    p.add_argument("--tasks", help="comma-separated lm-eval tasks, e.g. hellaswag,lambada_openai,arc_easy,piqa,winogrande")
+    p.add_argument("--tasks",
+                   help="comma-separated lm-eval tasks, e.g. hellaswag,lambada_openai,arc_easy,piqa,winogrande")
     p.add_argument("--include-path", metavar="DIR", help="folder of extra lm-eval task YAML files")
     p.add_argument("--eval-perplexity", metavar="FILE", help="raw text file: word-level perplexity (WikiText-style)")
     p.add_argument("--limit", type=int, help="only the first N examples of each task (a quick look, not a score)")
@@ -132,36 +134,33 @@ def check_args(args) -> tuple[list[str], int | str]:
     return tasks, args.batch_size if args.batch_size == "auto" else int(args.batch_size)
 
 
+@cli
 def main(argv=None) -> int:
     from utils.atomic import atomic_write_json
 
     args = parse_args(argv)
-    try:
-        tasks, batch = check_args(args)
-        device = resolve_device(args.device)
-        text = read_text(args.eval_perplexity, "--eval-perplexity") if args.eval_perplexity else None
-        checkpoint_folder(args.checkpoint)  # before the task index: that takes half a minute to build
-        quiet_lm_eval()
-        manager = task_manager(tasks, args.include_path) if tasks else None  # unknown names fail before loading
-        lm = load_lm(args.checkpoint, batch, device)
-        out: dict = {"checkpoint": args.checkpoint}
-        if tasks:
-            from lm_eval.utils import make_table
+    tasks, batch = check_args(args)
+    device = resolve_device(args.device)
+    text = read_text(args.eval_perplexity, "--eval-perplexity") if args.eval_perplexity else None
+    ckpt.find_checkpoint(args.checkpoint)  # before the task index: that takes half a minute to build
+    quiet_lm_eval()
+    manager = task_manager(tasks, args.include_path) if tasks else None  # unknown names fail before loading
+    lm = load_lm(args.checkpoint, batch, device)
+    out: dict = {"checkpoint": args.checkpoint}
+    if tasks:
+        from lm_eval.utils import make_table
 
-            results = run_tasks(lm, tasks, manager, args.limit, args.num_fewshot, args.seed)
-            print(make_table(results))
-            out["tasks"] = results["results"]
-        if text is not None:
-            out["perplexity"] = text_perplexity(lm, text)
-            ppl = out["perplexity"]
-            print(f"{args.eval_perplexity}: word perplexity {ppl['word_perplexity']:.3f}, byte perplexity "
-                  f"{ppl['byte_perplexity']:.4f}, bits per byte {ppl['bits_per_byte']:.4f}, token perplexity "
-                  f"{ppl['token_perplexity']:.3f} ({ppl['words']:,} words, {ppl['tokens']:,} tokens)")
-        if args.output:
-            atomic_write_json(args.output, out)
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        results = run_tasks(lm, tasks, manager, args.limit, args.num_fewshot, args.seed)
+        print(make_table(results))
+        out["tasks"] = results["results"]
+    if text is not None:
+        out["perplexity"] = text_perplexity(lm, text)
+        ppl = out["perplexity"]
+        print(f"{args.eval_perplexity}: word perplexity {ppl['word_perplexity']:.3f}, byte perplexity "
+              f"{ppl['byte_perplexity']:.4f}, bits per byte {ppl['bits_per_byte']:.4f}, token perplexity "
+              f"{ppl['token_perplexity']:.3f} ({ppl['words']:,} words, {ppl['tokens']:,} tokens)")
+    if args.output:
+        atomic_write_json(args.output, out)
     return 0
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from utils.errors import PiconeoxError
-from utils.tokenizers import EOT, _byte_to_unicode, tokenizer_kind
+from utils.data.tokenizers import EOT, _byte_to_unicode, tokenizer_kind
 
 OUT_TYPES = ("f32", "f16", "q8_0")
 NEVER_MERGE = "ÿ ÿ"  # byte-level 0xFF twice: no UTF-8 text contains it

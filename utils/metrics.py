@@ -1,4 +1,5 @@
-"""What a run reports: log file, tracker scalars (TensorBoard, W&B, ...), history.json, loss plot, progress bar, FLOPs/MFU, GPU stats.
+"""What a run reports: log file, tracker scalars (TensorBoard, W&B, ...), history.json, loss plot, progress bar,
+tokens/s, MFU, GPU stats.
 
 Only the main process writes anything; on other ranks every writer is a no-op, so the training loop can
 call them unconditionally.
@@ -158,68 +159,6 @@ class MetricsWriter:
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
-
-
-class ProgressBar:
-    """A tqdm bar over optimizer steps (rate and ETA from tqdm) with loss, average loss, lr and tok/s."""
-
-    _NAMES = {"avg_loss": "avg", "tok_s": "tok/s"}
-
-    def __init__(self, total_steps: int, initial_step: int, is_main: bool):
-        self._bar = tqdm(total=total_steps, initial=initial_step, disable=not is_main, unit="step",
-                         dynamic_ncols=True, desc="train")
-
-    def update(self, n: int = 1, **postfix: float | None) -> None:
-        """Advance `n` steps; postfix keys like loss=, avg_loss=, lr=, tok_s= (None shows n/a)."""
-        if postfix:
-            self._bar.set_postfix_str(", ".join(f"{self._NAMES.get(k, k)}={_fmt(k, v)}" for k, v in postfix.items()),
-                                      refresh=False)
-        self._bar.update(n)
-
-    def close(self) -> None:
-        self._bar.close()
-
-
-def _fmt(key: str, value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if key == "lr":
-        return f"{value:.2e}"
-    if key == "tok_s":
-        return f"{value:,.0f}"
-    return f"{value:.4f}"
-
-
-def matmul_params(model_cfg) -> int:
-    """Parameters that do multiply-adds for every token in a GPT-NeoX of this shape (configs.model.ModelConfig).
-
-    = all decoder layers (QKV, attention output, both MLP matrices, their biases, both LayerNorms), the
-    final LayerNorm, and the output projection (lm_head, vocab x hidden: a real matmul even when tied).
-    The input embedding is a table lookup with no FLOPs and is left out. This is Kaplan et al.'s
-    "non-embedding" N plus lm_head, as nanoGPT's MFU counts it.
-    """
-    h, i, v = model_cfg.hidden_size, model_cfg.intermediate_size, model_cfg.vocab_size
-    per_layer = (
-        h * 3 * h + 3 * h  # query_key_value
-        + h * h + h  # attention dense
-        + h * i + i  # dense_h_to_4h
-        + i * h + h  # dense_4h_to_h
-        + 2 * 2 * h  # input_layernorm, post_attention_layernorm (weight + bias)
-    )
-    return model_cfg.num_layers * per_layer + 2 * h + v * h
-
-
-def model_flops_per_token(model_cfg, seq_len: int) -> float:
-    """Training FLOPs per token: 6N + 12 * L * d_model * T.
-
-    From PaLM (Chowdhery et al. 2022, appendix B; as in Chinchilla, Hoffmann et al. 2022): forward 2N
-    plus backward 4N for the weight matmuls, with N = `matmul_params` (see there which N), plus
-    12 * layers * (heads * head_dim = d_model) * seq_len for the attention score and value matmuls
-    (the full T x T, causal masking not subtracted, as PaLM counts it). Activation recomputation is
-    not counted: this is model FLOPs, not hardware FLOPs.
-    """
-    n = matmul_params(model_cfg)
-    return 6.0 * n + 12.0 * model_cfg.num_layers * model_cfg.hidden_size * seq_len
 
 
 # Dense (no sparsity) 16-bit tensor-core peak per device, FLOP/s, from NVIDIA datasheets; bf16 and fp16

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from utils.atomic import atomic_write_json
-from utils.tokenizers import EOT, TOKENIZER_FILE
+from utils.data.tokenizers import EOT, TOKENIZER_FILE
 
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # what 4.x and 5.x both resolve (5.x maps it to its backend)
 

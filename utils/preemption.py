@@ -26,6 +26,12 @@ from utils.errors import PiconeoxError
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def check_grace_seconds(grace_seconds: float) -> None:
+    """--grace-seconds must be a positive, finite number."""
+    if not (isinstance(grace_seconds, (int, float)) and math.isfinite(grace_seconds) and grace_seconds > 0):
+        raise PiconeoxError(f"--grace-seconds {grace_seconds}: must be a positive number of seconds (default 30)")
+
+
 class StopRequest:
     """A latch for "stop cleanly": set by a signal or by the trainer, agreed on by all ranks.
 
@@ -35,8 +41,7 @@ class StopRequest:
     """
 
     def __init__(self, grace_seconds: float = 30.0):
-        if not (isinstance(grace_seconds, (int, float)) and math.isfinite(grace_seconds) and grace_seconds > 0):
-            raise PiconeoxError(f"--grace-seconds {grace_seconds}: must be a positive number of seconds (default 30)")
+        check_grace_seconds(grace_seconds)
         self.grace_seconds = float(grace_seconds)
         self.reason: str | None = None
         self.stopping = False
@@ -104,11 +109,12 @@ class StopVote:
         self._group = self._pending = None
         if accelerator.num_processes > 1:
             import torch
-            import torch.distributed as dist
 
-            # CPU tensors: never a wait for the GPU stream. `timeout` (a timedelta): the training steps' own bound,
-            # not torch's 30-minute default, so a hung rank fails this vote as fast as the step's collectives.
-            self._group = dist.new_group(backend="gloo", timeout=timeout)
+            from utils.distributed import cpu_group
+
+            # `timeout` (a timedelta): the training steps' own bound, not torch's 30-minute default, so a hung rank
+            # fails this vote as fast as the step's collectives.
+            self._group = cpu_group(timeout)
             self._flags = torch.zeros(2, dtype=torch.int32)
 
     @property

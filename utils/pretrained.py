@@ -12,11 +12,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from configs.model import ModelConfig
+from utils import ckpt
+from utils.data.tokenizers import TOKENIZER_FILE, file_sha256
 from utils.errors import PiconeoxError
-from utils.tokenizers import TOKENIZER_FILE, file_sha256
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json",
                 ".metadata")  # the last: our sharded step folders (torch.distributed.checkpoint)
 # GPT-NeoX settings a piconeox ModelConfig does not carry: a checkpoint must have these values, or a resumed
 # run (which rebuilds the model from the ModelConfig) would differ from the model it started from.
@@ -25,10 +26,13 @@ FIXED_SETTINGS = {"hidden_act": "gelu", "attention_bias": True}
 
 @dataclass(frozen=True)
 class Pretrained:
-    """A checked --init-from folder; reading it costs two small files, the weights load in `load_model`."""
+    """A checked --init-from folder; reading it costs two small files, the weights load in `load_model`.
+
+    hf_config: its transformers GPTNeoXConfig (configs.model.ModelConfig.from_hf turns it into the run's shape).
+    """
 
     path: Path
-    model: ModelConfig
+    hf_config: object
     tokenizer_vocab: int
     tokenizer_sha256s: frozenset[str]
     """Dataset tokenizers that are this checkpoint's: its tokenizer.json, and for our own checkpoints also the
@@ -42,8 +46,8 @@ class Pretrained:
                 f"{dataset_tokenizer_sha256[:12]}); prepare it with `prepare_data.py ... --tokenizer-from {self.path}`")
 
     def describe(self) -> str:
-        m = self.model
-        return (f"hidden {m.hidden_size}, {m.num_layers} layers, {m.num_heads} heads, intermediate "
+        m = self.hf_config
+        return (f"hidden {m.hidden_size}, {m.num_hidden_layers} layers, {m.num_attention_heads} heads, intermediate "
                 f"{m.intermediate_size}, context {m.max_position_embeddings}, vocab {m.vocab_size}")
 
     def load_model(self):
@@ -51,18 +55,16 @@ class Pretrained:
         import torch
         from transformers import GPTNeoXForCausalLM
 
-        from utils import checkpoint as ckpt
-        from utils.consolidate import load_model
-
         if (self.path / ckpt.DCP_INDEX).is_file():  # one of our step folders: consolidate its shards (crc-checked)
-            model = load_model(self.path).train()
+            model = ckpt.load_model(self.path).train()
             model.config.use_cache = False
             return model
         try:
             model, info = GPTNeoXForCausalLM.from_pretrained(self.path, dtype=torch.float32, attn_implementation="sdpa",
                                                              output_loading_info=True)
         except (OSError, ValueError, RuntimeError) as e:
-            raise PiconeoxError(f"--init-from {self.path}: the weights do not load ({str(e).splitlines()[0]})") from None
+            why = str(e).splitlines()[0]
+            raise PiconeoxError(f"--init-from {self.path}: the weights do not load ({why})") from None
         if info["missing_keys"]:
             raise PiconeoxError(f"--init-from {self.path}: the weights lack {len(info['missing_keys'])} tensors of the "
                                 f"model its config.json describes (e.g. {sorted(info['missing_keys'])[0]})")
@@ -109,13 +111,12 @@ def open_pretrained(path: str | Path) -> Pretrained:
         if getattr(hf, key, value) != value:
             raise PiconeoxError(f"--init-from {path}: config.json has {key}={getattr(hf, key)!r}; piconeox's GPT-NeoX "
                                 f"needs {value!r} (as Pythia has)")
-    model = ModelConfig.from_hf(hf)
-    if tokenizer_vocab > model.vocab_size:
+    if tokenizer_vocab > hf.vocab_size:
         raise PiconeoxError(f"--init-from {path}: vocab mismatch: the tokenizer has {tokenizer_vocab} ids but the "
-                            f"model's embedding has {model.vocab_size} rows")
+                            f"model's embedding has {hf.vocab_size} rows")
     shas = {file_sha256(tokenizer_file)}
     run_config = path / "run_config.json"
     if run_config.is_file():  # one of our checkpoints: also the dataset tokenizer it was trained with
         trained_with = json.loads(run_config.read_text()).get("data_tokenizer_sha256")
         shas |= {trained_with} if trained_with else set()
-    return Pretrained(path, model, tokenizer_vocab, frozenset(shas))
+    return Pretrained(path, hf, tokenizer_vocab, frozenset(shas))

@@ -16,12 +16,12 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file (the printed command works from any folder): the repository root
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # not utils/: its tokenizers.py would shadow the package
 
-from utils import checkpoint as ckpt
+from utils import ckpt
 from utils import exit_status
 from utils.errors import CliParser, PiconeoxError
-from utils.remote_checkpoint import newest_verified, remote_steps
+from utils.ckpt.remote import newest_verified, remote_steps
 from utils.storage import StorageError, open_storage
-from utils.sync import upload_tree
+from utils.storage.sync import upload_tree
 
 
 def push(run_dir: Path, bucket_root: str, credentials: str | None) -> str:

@@ -100,3 +100,15 @@ def keep_earlier_best(run_dir: Path, log) -> None:
         kept = run_dir / time.strftime("best-earlier-%Y%m%d-%H%M%S", time.gmtime())
         best.rename(kept)
         log.warning(f"--resume auto starts fresh: the earlier attempt's {best} is kept as {kept}")
+
+
+def claim_run_dirs(resume: str | None, run_dir: Path, log_dir: Path, is_main: bool, cleanup) -> RunClaim:
+    """Rank 0 (it alone writes checkpoints) checks and creates the run's folders, every rank learns the outcome;
+    until `accept()`, leaving `cleanup` with an exception takes back what this attempt created."""
+    from utils.distributed import rank0_decides
+
+    claim = RunClaim(run_dir, log_dir)
+    rank0_decides(lambda: (check_new_run(resume, run_dir, log_dir), claim.make()), is_main)
+    if is_main:
+        cleanup.push(lambda exc_type, *_: claim.release() if exc_type else None)
+    return claim

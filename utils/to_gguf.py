@@ -9,32 +9,30 @@ import argparse
 import sys
 from pathlib import Path
 
-from utils.errors import CliParser, PiconeoxError
+from utils.errors import CliParser, PiconeoxError, cli
 
 
+@cli
 def main(argv=None) -> int:
     p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a checkpoint folder: checkpoints/<run>/best, final or step-XXXXXXXX, or a run")
     p.add_argument("--out", type=Path, required=True, help="the .gguf file to write (replaced atomically)")
     p.add_argument("--type", default="f16", help="tensor type of the matrices: f32, f16 or q8_0 (default f16)")
     args = p.parse_args(argv)
-    try:
-        from utils.atomic import check_writable_dir
-        from utils.generate import load_checkpoint_model
-        from utils.gguf_export import OUT_TYPES, export_gguf
+    from utils.generate import load_checkpoint_model
+    from utils.gguf_export import OUT_TYPES, export_gguf
+    from utils.outputs import check_output_file
 
-        if args.type not in OUT_TYPES:
-            raise PiconeoxError(f"--type {args.type!r} is not one of {', '.join(OUT_TYPES)}")
-        check_writable_dir(args.out.parent, "--out")
-        model, tokenizer = load_checkpoint_model(args.checkpoint)
-        ckpt = Path(args.checkpoint).resolve()
-        name = ckpt.parent.name if ckpt.name in ("best", "final") else ckpt.name  # the run's name
-        counts = export_gguf(model, tokenizer.backend_tokenizer, args.out, args.type, name=name)
-        print(f"wrote {args.out} ({', '.join(f'{n} {t}' for t, n in counts.items())} tensors)")
-        return 0
-    except PiconeoxError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.type not in OUT_TYPES:
+        raise PiconeoxError(f"--type {args.type!r} is not one of {', '.join(OUT_TYPES)}")
+    check_output_file(args.out, "--out")
+    model, tokenizer = load_checkpoint_model(args.checkpoint)
+    ckpt = Path(args.checkpoint).resolve()
+    name = ckpt.parent.name if ckpt.name in ("best", "final") else ckpt.name  # the run's name
+    counts = export_gguf(model, tokenizer.backend_tokenizer, args.out, args.type, name=name)
+    print(f"wrote {args.out} ({', '.join(f'{n} {t}' for t, n in counts.items())} tensors)")
+    return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

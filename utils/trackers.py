@@ -37,7 +37,8 @@ def parse_report_to(value: str) -> tuple[str, ...]:
         if name not in known:
             raise PiconeoxError(f"--report-to {name!r}: allowed {', '.join(known)} (comma-separated), or none")
         if name not in installed:
-            raise PiconeoxError(f"--report-to {name}: its package is not installed (pip install {name.replace('_', '-')})")
+            raise PiconeoxError(f"--report-to {name}: its package is not installed "
+                                f"(pip install {name.replace('_', '-')})")
     if not names:
         raise PiconeoxError(f"--report-to {value!r}: name at least one of {', '.join(known)}, or none")
     return names
@@ -90,7 +91,8 @@ def start_tracker(tracker, config: dict) -> str | None:
             tracker.store_init_configuration(flat_config(config))
     except Exception as e:  # a tracker's own setup problem (no W&B login, a bad URI): the user fixes it
         hint = WANDB_LOGIN_HINT if tracker.name == "wandb" else ""
-        raise PiconeoxError(f"--report-to {tracker.name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}{hint}") from None
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PiconeoxError(f"--report-to {tracker.name}: {why}{hint}") from None
     return getattr(tracker.tracker, "id", None) if tracker.name == "wandb" else None
 
 
@@ -101,7 +103,8 @@ def flat_config(config: dict, prefix: str = "") -> dict:
         if isinstance(value, dict):
             out.update(flat_config(value, f"{prefix}{key}."))
         else:
-            out[f"{prefix}{key}"] = "none" if value is None else value if isinstance(value, (bool, int, float, str)) else str(value)
+            plain = isinstance(value, (bool, int, float, str))
+            out[f"{prefix}{key}"] = "none" if value is None else value if plain else str(value)
     return out
 
 

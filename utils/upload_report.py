@@ -11,9 +11,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils import checkpoint as ckpt
+from utils import ckpt
 from utils.errors import PiconeoxError
-from utils.remote_checkpoint import newest_verified, remote_steps
+from utils.ckpt.remote import newest_verified, remote_steps
 from utils.storage import Storage
 
 

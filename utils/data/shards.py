@@ -25,7 +25,7 @@ from tqdm import tqdm
 from utils.atomic import atomic_write, atomic_write_json
 from utils.crc import INDEX_NAME, CrcIndex, crc32c_file
 from utils.errors import PiconeoxError
-from utils.tokenizers import TOKENIZER_FILE, file_sha256
+from utils.data.tokenizers import TOKENIZER_FILE, file_sha256
 
 SPLITS = ("train", "val")
 MANIFEST_FILE = "manifest.json"

@@ -19,10 +19,10 @@ import mmap
 from pathlib import Path
 from typing import Iterator
 
-from utils.demo_corpus import generate_stories
+from utils.data.demo_corpus import generate_stories
 from utils.errors import PiconeoxError
+from utils.data.tokenizers import EOT
 from utils.textfile import not_utf8
-from utils.tokenizers import EOT
 
 DECODE_ERRORS = ("strict", "replace")
 INPUT_HELP = "a text file, a glob, a directory of .txt files, hf:<dataset>[:<config>] or demo"
@@ -113,7 +113,7 @@ class HFDataset:
 
 
 class DemoStories:
-    """The built-in children's stories (utils/demo_corpus.py)."""
+    """The built-in children's stories (utils/data/demo_corpus.py)."""
 
     label, size = "demo", None
 

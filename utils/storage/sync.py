@@ -23,10 +23,9 @@ from tqdm import tqdm
 
 from utils.crc import INDEX_NAME, CrcIndex
 from utils.errors import PiconeoxError
-from utils.storage import (PARTIAL_SUFFIX, ObjectInfo, Storage, in_flight, open_storage, parse_gs_url,
-                           safe_relpath)
+from utils.storage import PARTIAL_SUFFIX, ObjectInfo, Storage, in_flight, safe_relpath
 
-__all__ = ["SyncSummary", "CrcIndex", "download_tree", "upload_tree", "ensure_local", "host_dir", "safe_relpath"]
+__all__ = ["SyncSummary", "CrcIndex", "download_tree", "upload_tree", "host_dir", "safe_relpath"]
 
 log = logging.getLogger(__name__)
 
@@ -231,20 +230,3 @@ def host_dir(root: Path) -> Path:
     """`root/<this machine's name>`: machines sharing a filesystem (NFS, a shared home) each keep their own
     cache, so one machine's cleanup of stale `.partial` files never deletes another's download in flight."""
     return Path(root) / (re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host")
-
-
-def ensure_local(source_url: str, cache_root: Path, credentials: str | None = None) -> Path:
-    """A local folder holding the dataset at `source_url`.
-
-    A gs:// URL is synced (verified, incremental) into cache_root/<host>/<bucket>/<prefix> (see `host_dir`);
-    a local path or file:// URL is returned as is. One process per machine calls it (start_training.sh,
-    before the launch).
-    """
-    if not source_url.startswith("gs://"):
-        return Path(source_url.removeprefix("file://"))
-    bucket, prefix = parse_gs_url(source_url)
-    dest = Path(host_dir(cache_root), bucket, *prefix.split("/")) if prefix else Path(host_dir(cache_root), bucket)
-    summary = download_tree(open_storage(source_url, credentials), dest)
-    if summary.failed:
-        raise PiconeoxError(f"{summary.failed} file(s) of {source_url} failed to sync into {dest}; first: {summary.errors[0]}")
-    return dest

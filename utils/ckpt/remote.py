@@ -1,6 +1,6 @@
 """Checkpoints in a bucket: find the newest complete one and bring it into a local cache to resume from.
 
-Remote layout, written by utils/uploader.py: `<bucket prefix>/<run>/step-XXXXXXXX/<files>`, the
+Remote layout, written by utils/ckpt/uploader.py: `<bucket prefix>/<run>/step-XXXXXXXX/<files>`, the
 `COMPLETE` marker uploaded last. A remote folder counts only when its marker exists, so an upload cut
 short (preemption, dead network) is never chosen. Downloads go through utils/sync (crc32c-verified,
 `.partial` files, incremental), then the marker's file sizes are checked like a local checkpoint's.
@@ -12,10 +12,10 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
-from utils.checkpoint import MARKER, STEP_RE, check_complete, read_marker, step_dir_name
+from utils.ckpt.format import MARKER, STEP_RE, check_complete, read_marker, step_dir_name
 from utils.errors import PiconeoxError
 from utils.storage import Storage, open_storage, parse_gs_url
-from utils.sync import download_tree
+from utils.storage.sync import download_tree
 
 
 def remote_steps(store: Storage) -> dict[int, bool]:

@@ -28,9 +28,41 @@ from dataclasses import dataclass
 from configs.model import build_model, count_parameters
 from configs.presets import RunConfig
 from utils.errors import PiconeoxError
-from utils.metrics import model_flops_per_token
 
 MIB, GIB = 1024**2, 1024**3
+
+
+def matmul_params(model_cfg) -> int:
+    """Parameters that do multiply-adds for every token in a GPT-NeoX of this shape (configs.model.ModelConfig).
+
+    = all decoder layers (QKV, attention output, both MLP matrices, their biases, both LayerNorms), the
+    final LayerNorm, and the output projection (lm_head, vocab x hidden: a real matmul even when tied).
+    The input embedding is a table lookup with no FLOPs and is left out. This is Kaplan et al.'s
+    "non-embedding" N plus lm_head, as nanoGPT's MFU counts it.
+    """
+    h, i, v = model_cfg.hidden_size, model_cfg.intermediate_size, model_cfg.vocab_size
+    per_layer = (
+        h * 3 * h + 3 * h  # query_key_value
+        + h * h + h  # attention dense
+        + h * i + i  # dense_h_to_4h
+        + i * h + h  # dense_4h_to_h
+        + 2 * 2 * h  # input_layernorm, post_attention_layernorm (weight + bias)
+    )
+    return model_cfg.num_layers * per_layer + 2 * h + v * h
+
+
+def model_flops_per_token(model_cfg, seq_len: int) -> float:
+    """Training FLOPs per token: 6N + 12 * L * d_model * T.
+
+    From PaLM (Chowdhery et al. 2022, appendix B; as in Chinchilla, Hoffmann et al. 2022): forward 2N
+    plus backward 4N for the weight matmuls, with N = `matmul_params` (see there which N), plus
+    12 * layers * (heads * head_dim = d_model) * seq_len for the attention score and value matmuls
+    (the full T x T, causal masking not subtracted, as PaLM counts it). Activation recomputation is
+    not counted: this is model FLOPs, not hardware FLOPs.
+    """
+    n = matmul_params(model_cfg)
+    return 6.0 * n + 12.0 * model_cfg.num_layers * model_cfg.hidden_size * seq_len
+
 
 
 @dataclass(frozen=True)
@@ -105,7 +137,8 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None) -> P
 
     world = max(gpus, 1)
     train = train.for_world(world)  # the accumulation that keeps the global batch on this many GPUs
-    s, b, h, L, V = train.seq_len, train.micro_batch_size, model_cfg.hidden_size, model_cfg.num_layers, model_cfg.vocab_size
+    s, b = train.seq_len, train.micro_batch_size
+    h, L, V = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.vocab_size
     batch_tokens = train.global_batch_tokens
     half = train.mixed_precision in ("fp16", "bf16")
     act_scale = 1 if half else 2  # Korthikanti's byte counts assume 16-bit activations
@@ -169,7 +202,7 @@ def format_plan(p: Plan) -> str:
     ]
     for label, attr in rows:
         lines.append(f"  {label:<28} {getattr(p.ddp, attr) / size:>10.2f} {getattr(p.fsdp, attr) / size:>10.2f}")
-    lines.append("  (estimates: see utils/plan.py; add ~1 GiB for the CUDA context and allocator slack)")
+    lines.append("  (estimates: see configs/plan.py; add ~1 GiB for the CUDA context and allocator slack)")
     return "\n".join(lines)
 
 
@@ -180,3 +213,16 @@ def needs_activation_checkpointing(p: Plan, sharded: bool, device_bytes: int) ->
     """
     estimate = p.fsdp if sharded else p.ddp
     return estimate.total > 0.9 * device_bytes
+
+
+def use_activation_checkpointing(cfg, accelerator, cuda: bool) -> bool:
+    """on/off as set; auto: on with CUDA when the plan's memory estimate does not fit the GPU."""
+    mode = cfg.train.activation_checkpointing
+    if mode != "auto" or not cuda:
+        return mode == "on"
+    import torch
+    from accelerate.utils import DistributedType
+
+    device_bytes = torch.cuda.get_device_properties(accelerator.device).total_memory
+    sharded = accelerator.distributed_type == DistributedType.FSDP
+    return needs_activation_checkpointing(plan(cfg, gpus=accelerator.num_processes), sharded, device_bytes)

@@ -1,28 +1,19 @@
-"""Checkpoints persisted off the training thread: every rank writes and uploads its own shard; rank 0 completes.
+"""Checkpoints persisted off the training thread: the queue and the saver thread (utils/ckpt/saver.py does a save).
 
-The training thread only copies its shard off the device (`checkpoint.capture`) and hands the snapshot to
-`submit()`. On every rank one non-daemon thread then writes the shard (`checkpoint.write_shards`, a DCP save:
-a collective among these threads on their own gloo group), hashes and uploads this rank's files to
-`<bucket>/<run>/step-XXXXXXXX/`, and reports to rank 0. Rank 0 writes the COMPLETE marker (every file with
-its size and crc32c) only when every rank reported success, locally and then to the bucket, and tells every
-rank the outcome; rank 0 prunes the bucket to the newest `keep_remote` complete checkpoints and each machine
-rotates its local step folders. With `background=False` the same work runs inside `submit()`
-(`--no-background-upload`). best/ (weights only, rank 0) is written locally, never uploaded.
+The training thread only copies its shard off the device (`Checkpointer.capture`) and hands the snapshot to
+`submit()`; one non-daemon thread per rank then writes, uploads and completes it. With `background=False` the
+same work runs inside `submit()` (`--no-background-upload`). best/ (weights only, rank 0) is written locally only.
 
-    uploader = CheckpointUploader(open_storage("gs://b/ckpt").child(run), keep_remote=3, keep_local=3)
-    uploader.submit(SaveRequest(ckpt.capture(...), run_dir / "step-00000100"))
+    uploader = open_uploader(settings, keep_last, run_name, accelerator)   # or CheckpointUploader(store, ...)
+    uploader.submit(SaveRequest(checkpointer.capture(step), run_dir / "step-00000100"))
     for result in uploader.poll(): ...      # every step: outcomes are logged and counted here
     uploader.close()                        # every exit path: flush with a progress bar
 
 Bounded memory: one request in flight and at most one queued per kind (full step checkpoint, weights-only
-best/), never an unbounded queue of snapshots: a newer request waits for the queued one of its kind to
-start. So when saving is slower than --save-every the training waits (and says so) instead of dropping
-checkpoints; every step folder is written and uploaded.
-Never silent: each outcome reaches the training thread through `poll()`, which logs it (rank 0) and counts
-failures; every rank gets the same outcome, so `fatal` is set at the same save everywhere. Never
-destructive: a complete remote checkpoint is never overwritten (the marker goes up with `if_absent`, i.e.
-`if_generation_match=0` on GCS, and a folder whose marker exists is left alone), and pruning deletes a
-folder's marker first, so a half-deleted folder never looks complete.
+best/): a newer request waits for the queued one of its kind to start, so when saving is slower than
+--save-every the training waits (and says so) instead of dropping checkpoints. Never silent: each outcome
+reaches the training thread through `poll()`, which logs it (rank 0) and counts failures; every rank gets the
+same outcome, so `fatal` is set at the same save everywhere.
 """
 from __future__ import annotations
 
@@ -35,12 +26,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
-from utils import checkpoint as ckpt
+from utils import ckpt
+from utils.ckpt.saver import StepSaver
 from utils.errors import PiconeoxError
-from utils.remote_checkpoint import steps_in
-from utils.storage import ObjectExists, Storage
+from utils.storage import Storage
 
 log = logging.getLogger("piconeox")
 
@@ -49,7 +41,7 @@ log = logging.getLogger("piconeox")
 class SaveRequest:
     """A captured checkpoint to persist.
 
-    snapshot: the state, already on the CPU (`checkpoint.capture`).
+    snapshot: the state, already on the CPU (`Checkpointer.capture`).
     folder: the local destination, e.g. checkpoints/<run>/step-00000100 or checkpoints/<run>/best.
     weights_only: best/: weights only, kept local (not uploaded, not rotated).
     """
@@ -86,19 +78,8 @@ class SaveResult:
         return self.error is None
 
 
-def current_cuda_device() -> int | None:
-    """The training thread's CUDA device, for the saver thread to use too (None without CUDA)."""
-    import torch
-
-    return torch.cuda.current_device() if torch.cuda.is_available() else None
-
-
 class UploadFailed(PiconeoxError):
     """Checkpoint saves failed `max_failures` times in a row: the run stops (after a final local save)."""
-
-
-class UploadCancelled(PiconeoxError):
-    """The uploader was cancelled (a deadline passed) before this upload finished."""
 
 
 class CheckpointUploader:
@@ -106,10 +87,10 @@ class CheckpointUploader:
 
     store: the run's remote folder (`open_storage(bucket).child(run)`), or None to only write locally.
     keep_remote: complete remote checkpoints to keep (>= 2, so a fallback always exists).
-    keep_local: complete local step folders to keep (`checkpoint.rotate`).
+    keep_local: complete local step folders to keep (`ckpt.rotate`).
     max_failures: failures in a row after which `fatal` is set (>= 1).
     background: False runs each save inside `submit()`.
-    group: the savers' process group (`checkpoint.checkpoint_group()`), None in a single process.
+    group: the savers' process group (`distributed.checkpoint_group()`), None in a single process.
     rank: this process's global rank; rotate_local: whether this process rotates its machine's step folders.
     """
 
@@ -125,9 +106,10 @@ class CheckpointUploader:
     def __init__(self, store: Storage | None, *, keep_remote: int = 3, keep_local: int = 3, max_failures: int = 3,
                  background: bool = True, progress: bool = True, group=None, rank: int = 0, rotate_local: bool = True):
         self.check_settings(store is not None, keep_remote, max_failures)
-        self.store, self.group, self.rank, self.rotate_local = store, group, rank, rotate_local
-        self.completed: set[int] = set()  # steps rank 0 confirmed complete (its marker is written)
-        self.keep_remote, self.keep_local, self.max_failures = keep_remote, keep_local, max_failures
+        self.store, self.group, self.rank, self.max_failures = store, group, rank, max_failures
+        self._cancel = threading.Event()
+        self.saver = StepSaver(store, group=group, rank=rank, keep_remote=keep_remote, keep_local=keep_local,
+                               rotate_local=rotate_local, cancel=self._cancel)
         self.background, self.progress = background, progress
         self.failures = 0  # in total
         self.consecutive_failures = 0
@@ -136,11 +118,9 @@ class CheckpointUploader:
         self._queue: OrderedDict[str, SaveRequest] = OrderedDict()
         self._in_flight: SaveRequest | None = None
         self._results: list[SaveResult] = []
-        self._phase = ""  # what the thread is doing, for the flush progress bar
-        self._cancel = threading.Event()
         self._closed = False
         self._thread = None
-        self._cuda_device = current_cuda_device()
+        self._cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None  # for the thread
         if background:
             # Non-daemon: an interpreter exit waits for the upload instead of killing it half-way.
             self._thread = threading.Thread(target=self._run, name="checkpoint-uploader", daemon=False)
@@ -205,7 +185,7 @@ class CheckpointUploader:
                       dynamic_ncols=True) as bar:
                 while (left := len(self._queue) + (self._in_flight is not None)):
                     bar.n = total - left
-                    bar.set_postfix_str(self._phase)
+                    bar.set_postfix_str(self.saver.phase)
                     wait = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
                     if wait <= 0:
                         return False
@@ -238,7 +218,7 @@ class CheckpointUploader:
             in_flight = self._in_flight
             self.cancel()
             log.error(f"checkpoint {in_flight.folder.name if in_flight else ''} was still saving when the time "
-                      f"ran out ({self._phase}); the bucket keeps its previous complete checkpoint")
+                      f"ran out ({self.saver.phase}); the bucket keeps its previous complete checkpoint")
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -261,8 +241,6 @@ class CheckpointUploader:
         with contextlib.suppress(AttributeError, OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         if self._cuda_device is not None:
-            import torch
-
             # Freeing a pinned snapshot touches CUDA: on a thread without a device that opens a context on GPU 0,
             # ~0.5 GiB of every rank's memory there (PyTorch's pin-memory thread sets it for the same reason).
             torch.cuda.set_device(self._cuda_device)
@@ -280,7 +258,7 @@ class CheckpointUploader:
             with self._cond:
                 self._results.append(result)
                 self._in_flight = None
-                self._phase = ""
+                self.saver.phase = ""
                 self._cond.notify_all()
 
     def _persist(self, request: SaveRequest) -> SaveResult:
@@ -289,10 +267,10 @@ class CheckpointUploader:
         result = SaveResult(request.folder, request.snapshot.step)
         try:
             if request.weights_only:
-                self._phase = f"writing {request.folder.name}"
+                self.saver.phase = f"writing {request.folder.name}"
                 ckpt.write_weights(request.snapshot, request.folder)
             else:
-                result.error, result.uploaded_to, result.note = self._persist_step(request)
+                result.error, result.uploaded_to, result.note = self.saver.save_step(request.snapshot, request.folder)
         except (PiconeoxError, OSError) as e:
             result.error = f"write failed: {e}"
         except Exception as e:  # a bug must still reach poll(), not kill the thread and hang flush()
@@ -300,105 +278,20 @@ class CheckpointUploader:
         result.seconds = time.monotonic() - start
         return result
 
-    def _persist_step(self, request: SaveRequest) -> tuple[str | None, str | None, str]:
-        """Every rank: write and upload its files, report to rank 0; rank 0 completes the checkpoint (locally once
-        every rank wrote, in the bucket once every rank uploaded). Returns (error, remote url, note), identical on
-        every rank."""
-        snap, folder = request.snapshot, request.folder
-        files, failed = {}, None
-        try:
-            self._phase = f"writing {folder.name}"
-            files = ckpt.manifest(folder, ckpt.write_shards(snap, folder, self.group))
-            if self.store is not None:
-                self._upload_own(folder, files)
-        except Exception as e:  # reported in any case, or rank 0 would wait for this rank forever
-            why = str(e) if isinstance(e, (PiconeoxError, OSError)) else f"{type(e).__name__}: {e}"
-            failed = ("upload" if files else "write", why)
-        reports = self._gather((failed, files))
-        outcome = self._complete(snap, folder, reports) if self.rank == 0 else None
-        error, url, note = self._broadcast(outcome)
-        if error is None or error.startswith("upload"):  # the marker is on disk: complete locally
-            self.completed.add(snap.step)
-        if self.rotate_local:  # also when the upload failed: a bucket that is down must not fill the disk
-            ckpt.rotate(folder.parent, self.keep_local, self.completed)
-        return error, url, note
 
-    def _complete(self, snap, folder: Path, reports) -> tuple[str | None, str | None, str]:
-        """Rank 0: the marker locally when every rank wrote its files, in the bucket when every rank uploaded
-        them too; then prune the bucket."""
-        failures = [(rank, failed) for rank, (failed, _) in enumerate(reports) if failed]
-        if failures:
-            rank, (phase, why) = failures[0]
-            where = f" on rank {rank}" if len(reports) > 1 else ""
-            more = f" (and on {len(failures) - 1} other rank(s))" if len(failures) > 1 else ""
-            error = f"{phase} failed{where}: {why}{more}"
-        files = {name: info for _, own in reports for name, info in own.items()}
-        if any(phase == "write" for _, (phase, _) in failures):
-            return error, None, ""
-        ckpt.write_marker(folder, snap.step, snap.world_size, files)
-        if failures:
-            return error, None, ""
-        if self.store is None:
-            return None, None, ""
-        try:
-            self._phase = f"uploading {folder.name}: {ckpt.MARKER}"
-            url, note = self._upload_marker(folder, files)
-            self._prune_remote()
-        except (PiconeoxError, OSError) as e:
-            return f"upload failed: {e}", None, ""
-        return None, url, note
+def open_uploader(settings, keep_last: int, name: str, accelerator) -> CheckpointUploader:
+    """A run's uploader (`settings`: configs.run.RunSettings): every rank saves its own shard on its own thread,
+    rank 0 completes each checkpoint; each storage call gives up within one grace period, so a dead bucket cannot
+    hold a clean stop for long, and the savers' group times out like the run's start-up collectives."""
+    from datetime import timedelta
 
-    def _gather(self, report) -> list:
-        """Every rank's report, on rank 0 (elsewhere None)."""
-        if self.group is None:
-            return [report]
-        import torch.distributed as dist
+    from utils.distributed import checkpoint_group
+    from utils.storage import open_storage
 
-        reports = [None] * dist.get_world_size() if self.rank == 0 else None
-        dist.gather_object(report, reports, dst=0, group=self.group)
-        return reports
-
-    def _broadcast(self, outcome):
-        if self.group is None:
-            return outcome
-        import torch.distributed as dist
-
-        box = [outcome]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
-
-    def _upload_own(self, folder: Path, files: dict) -> None:
-        """Upload this rank's files, unless the step is already complete in the bucket (never overwritten)."""
-        remote = self.store.child(folder.name)
-        if remote.exists(ckpt.MARKER):
-            return
-        for i, name in enumerate(files, 1):
-            if self._cancel.is_set():
-                raise UploadCancelled(f"cancelled before {name}")
-            self._phase = f"uploading {folder.name}: {name} ({i}/{len(files)})"
-            remote.put(folder / name, name)  # replaces a leftover of an upload cut short (no marker yet)
-
-    def _upload_marker(self, folder: Path, files: dict) -> tuple[str, str]:
-        """Rank 0, once every rank uploaded: drop leftovers that are in no manifest, then the marker."""
-        remote = self.store.child(folder.name)
-        existing = remote.list(checksums=False)
-        if ckpt.MARKER in existing:
-            return remote.url, "; it was already complete in the bucket and is kept as is (never overwritten)"
-        for name in set(existing) - set(files):  # an older attempt's files (another world size, say)
-            remote.delete(name)
-        try:
-            remote.put(folder / ckpt.MARKER, ckpt.MARKER, if_absent=True)
-        except ObjectExists:  # another writer finished the same step first: theirs stays
-            return remote.url, "; another writer completed it meanwhile, theirs is kept"
-        return remote.url, ""
-
-    def _prune_remote(self) -> None:
-        """Delete complete remote checkpoints older than the newest `keep_remote` ones (marker first)."""
-        listing = self.store.list(checksums=False)
-        complete = sorted(step for step, done in steps_in(listing).items() if done)
-        for step in complete[:-self.keep_remote]:
-            prefix = f"{ckpt.step_dir_name(step)}/"
-            self.store.delete(prefix + ckpt.MARKER)
-            for name in listing:
-                if name.startswith(prefix) and name != prefix + ckpt.MARKER:
-                    self.store.delete(name)
+    s = settings
+    bucket = open_storage(s.checkpoint_bucket, s.credentials, timeout_s=s.grace_seconds).child(name) \
+        if s.checkpoint_bucket else None
+    return CheckpointUploader(bucket, keep_remote=keep_last, keep_local=keep_last, max_failures=s.max_upload_failures,
+                              background=s.background_upload, progress=accelerator.is_main_process,
+                              group=checkpoint_group(timedelta(minutes=s.collective_timeout_minutes)),
+                              rank=accelerator.process_index, rotate_local=accelerator.is_local_main_process)

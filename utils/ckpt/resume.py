@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from utils import checkpoint as ckpt
-from utils import remote_checkpoint as remote
+from utils.ckpt import format as ckpt
+from utils.ckpt import remote
+from utils.data.shards import verify_dataset
+from utils.distributed import all_gather_object, rank0_decides
 from utils.errors import PiconeoxError
 from utils.storage import Storage, StorageError, open_storage
 
@@ -55,7 +57,7 @@ def candidates(resume: str | None, run_dir: Path, bucket: Storage | None, creden
         except StorageError as e:  # unreachable, or credentials it refuses: name the flag
             raise PiconeoxError(f"--resume {resume}: {e}") from None
     if resume != "auto":
-        folder = ckpt.resolve_resume(Path(resume), warn)
+        folder = ckpt.find_checkpoint(resume, resume=True, flag="--resume ", warn=warn)
         marker = ckpt.read_marker(folder)
         return [ResumePoint(int(marker["step"]), marker, str(folder), None)]
     steps, verified = {}, None
@@ -104,58 +106,71 @@ def fetch(point: ResumePoint, cache_root: Path, credentials: str | None, timeout
 def agree(accelerator, resume: str | None, run_dir: Path, bucket: Storage | None, cache_root: Path,
           credentials: str | None, timeout_s: float, log) -> Path | None:
     """The folder this rank resumes from (None: start fresh); rank 0 decides, each machine fetches once."""
-    points, error = [], None
-    if accelerator.is_main_process:
-        try:
-            points = candidates(resume, run_dir, bucket, credentials, timeout_s, log.warning)
-        except PiconeoxError as e:
-            error = str(e)
-        if not points and error is None and resume == "auto":
+    def decide() -> list[ResumePoint]:
+        points = candidates(resume, run_dir, bucket, credentials, timeout_s, log.warning)
+        if not points and resume == "auto":
             log.info(f"--resume auto: no complete checkpoint in {run_dir}{f' or {bucket.url}' if bucket else ''}; "
                      "starting fresh")
-    points, error = _broadcast((points, error), accelerator)
-    if error:
-        raise PiconeoxError(error if accelerator.is_main_process else f"rank 0 could not resume: {error}")
+        return points
+
+    points = rank0_decides(decide, accelerator.is_main_process)
     if not points:
         return None
-    machines = [c for c in _all_gather([obtainable(p) for p in points] if accelerator.is_local_main_process else None,
-                                       accelerator) if c is not None]
+    machines = [c for c in all_gather_object([obtainable(p) for p in points] if accelerator.is_local_main_process
+                                                 else None) if c is not None]
     usable = [i for i in range(len(points)) if all(c[i] for c in machines)]
     if not usable:
         raise PiconeoxError(f"cannot resume from step {points[0].step}: another machine lacks its files and no "
                             "--checkpoint-bucket holds it (several machines need a bucket or a shared filesystem)")
     point = points[usable[0]]
     if usable[0] > 0:
-        log.warning(f"--resume auto: step {points[0].step} is complete only on rank 0's machine (not yet in the bucket); "
+        log.warning(f"--resume auto: step {points[0].step} is complete only on rank 0's machine (not yet in the "
+                    "bucket); "
                     f"resuming from step {point.step}, which every machine can get")
-    folder = None
+    folder, error = None, None
     if accelerator.is_local_main_process:
         try:  # rank 0 checked every crc32c of its own copy while deciding
             folder = str(fetch(point, cache_root, credentials, timeout_s, verify=not accelerator.is_main_process))
         except PiconeoxError as e:
             error = f"rank {accelerator.process_index}: {e}"
-    results = _all_gather((folder, error), accelerator)
+    results = all_gather_object((folder, error))
     errors = [e for _, e in results if e]
     if errors:
         raise PiconeoxError(errors[0])
     return Path(results[accelerator.process_index - accelerator.local_process_index][0])
 
 
-def _broadcast(obj, accelerator):
-    if accelerator.num_processes == 1:
-        return obj
-    import torch.distributed as dist
+def check_resumable(saved: dict | None, resume_from, model: dict, data_dir: Path) -> str:
+    """Refuse a checkpoint of another model shape (`model`: this run's model settings) or tokenizer; return the
+    dataset's tokenizer sha256. `saved` is the checkpoint's run_config.json."""
+    if saved:
+        now = model
+        diff = next((k for k in saved["model"] if saved["model"][k] != now.get(k)), None)
+        if diff:
+            raise PiconeoxError(f"--resume {resume_from}: checkpoint has model.{diff}={saved['model'][diff]!r}, "
+                                f"this run has {now[diff]!r}")
+    expected = saved.get("data_tokenizer_sha256") if saved else None
+    return verify_dataset(data_dir, expected_tokenizer_sha256=expected).tokenizer_sha256
 
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+
+def batch_for_world(tc, world: int, saved: dict | None, trainer: dict | None):
+    """The recipe's batch on `world` processes; a resume keeps the checkpoint's tokens per step (older
+    checkpoints without train.global_batch_tokens tell it by tokens seen per step)."""
+    fixed = None
+    if saved:
+        fixed = saved["train"].get("global_batch_tokens") or (
+            trainer["tokens_seen"] // trainer["step"] if trainer["step"] else None)
+    return tc.for_world(world, fixed_global_batch=fixed)
 
 
-def _all_gather(obj, accelerator) -> list:
-    if accelerator.num_processes == 1:
-        return [obj]
-    import torch.distributed as dist
+def resumed_config(cfg, resume_from: Path | None, world: int, data_dir: Path):
+    """(`cfg`, a configs RunConfig, with its batch for this world size; the dataset's tokenizer sha256): a resume
+    refuses another model shape or tokenizer and keeps the checkpoint's tokens per step."""
+    from dataclasses import replace
 
-    out = [None] * accelerator.num_processes
-    dist.all_gather_object(out, obj)
-    return out
+    from utils.ckpt.load import read_part
+
+    saved = read_part(resume_from, "run_config") if resume_from else None
+    tokenizer_sha256 = check_resumable(saved, resume_from, cfg.model.to_dict(), data_dir)
+    trainer = read_part(resume_from, "trainer") if resume_from else None
+    return replace(cfg, train=batch_for_world(cfg.train, world, saved, trainer)), tokenizer_sha256

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from utils.errors import PiconeoxError
-from utils.shards import SPLITS, open_shard, verify_dataset
+from utils.data.shards import SPLITS, open_shard, verify_dataset
 
 STATE_KEYS = ("epoch", "blocks_consumed", "seq_len", "seed")
 

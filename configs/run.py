@@ -1,0 +1,81 @@
+"""Run settings: where a run writes, what it resumes or starts from, and how it talks to a bucket.
+
+Settable as flags (`--resume auto`), in a `--config-file` YAML `run:` section, or with `--set run.KEY=VALUE`;
+recorded in every checkpoint's run_config.json (the credentials path only as "<set>").
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from configs.base import ConfigBase
+from utils.errors import PiconeoxError
+
+
+@dataclass(frozen=True)
+class RunSettings(ConfigBase):
+    """Everything about a run that is not the model or the training recipe."""
+
+    SECTION = "run"
+
+    run_name: str | None = None
+    """Folder name under output_dir and log_dir (default: <preset>-<dataset>): letters, digits, '.', '_', '-'."""
+    output_dir: str = "checkpoints"
+    """Root of checkpoints/<run>/."""
+    log_dir: str = "logs"
+    """Root of logs/<run>/ (training.log, history.json, loss.png, tracker files)."""
+    resume: str | None = None
+    """`auto` (the newest complete checkpoint of this run, local or in checkpoint_bucket, if any), a checkpoint or
+    run folder, or gs://bucket/prefix/<run>[/step-XXXXXXXX]."""
+    init_from: str | None = None
+    """A local GPT-NeoX checkpoint in Hugging Face format (a downloaded Pythia, or checkpoints/<run>/final): its
+    weights, tokenizer and model shape; a fresh optimizer."""
+    checkpoint_bucket: str | None = None
+    """Also upload checkpoints to <this>/<run>/step-XXXXXXXX/ (gs://bucket/prefix, or a directory)."""
+    credentials: str | None = None
+    """Service-account JSON key for gs:// (default: GOOGLE_APPLICATION_CREDENTIALS or the gcloud login)."""
+    background_upload: bool = True
+    """Write and upload checkpoints on a background thread; false: synchronously, inside the step that saves."""
+    max_upload_failures: int = 3
+    """Stop (exit 2) after this many failed checkpoint saves or uploads in a row."""
+    grace_seconds: float = 30.0
+    """On SIGTERM/SIGINT: save, flush uploads and exit 0 within this many seconds; also each storage call's limit."""
+    collective_timeout_minutes: float = 60.0
+    """How long a rank waits for the others in a collective before the run fails, until step 1 is done (covers a
+    resume download, the compile and a synchronous save of the 1.2B preset)."""
+    step_timeout_minutes: float = 10.0
+    """The collective timeout from step 2 on, and the stop vote's: a hung rank idles the other GPUs this long."""
+    report_to: str = "tensorboard"
+    """Trackers for every logged value, comma-separated: tensorboard, wandb, mlflow, ... (accelerate's), or none."""
+    sample_prompt: str = "Once upon a time"
+    """Prompt of the text sample logged at the end of the run."""
+
+    def validate(self, keep_last: int) -> RunSettings:
+        """Every check that needs no file or bucket, each one line naming the flag; `keep_last` is train.keep_last."""
+        from utils.ckpt.uploader import CheckpointUploader
+        from utils.distributed import check_timeout
+        from utils.preemption import check_grace_seconds
+        from utils.storage import parse_gs_url
+        from utils.trackers import parse_report_to
+
+        check_timeout(self.collective_timeout_minutes)
+        check_timeout(self.step_timeout_minutes, "--step-timeout-minutes", 10)
+        check_grace_seconds(self.grace_seconds)
+        CheckpointUploader.check_settings(bool(self.checkpoint_bucket), keep_last, self.max_upload_failures)
+        parse_report_to(self.report_to)
+        for url in (self.checkpoint_bucket, self.resume):
+            if url and url.startswith("gs://"):
+                parse_gs_url(url)  # a bad bucket name is one line before any launch
+        return self
+
+    def folders(self, default_name: str) -> tuple[str, Path, Path]:
+        """(run name, output_dir/<run>, log_dir/<run>); refuses a run name that is not a plain folder name."""
+        name = self.run_name or default_name
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise PiconeoxError(f"--run-name {name!r} is not allowed: use letters, digits, '.', '_' and '-'")
+        return name, Path(self.output_dir) / name, Path(self.log_dir) / name
+
+    def recorded(self) -> dict:
+        """The settings as run_config.json and the trackers record them: the key file's path is not shown."""
+        return {**asdict(self), "credentials": "<set>" if self.credentials else None}

@@ -1,0 +1,176 @@
+"""The checkpoint format: folder names, the COMPLETE marker (written last, listing every file's size and
+crc32c), checking and rotating step folders, and `find_checkpoint`: which folder the user meant.
+
+Layout of `checkpoints/<run>/step-00000100/`:
+  __0_0.distcp, __1_0.distcp, ...  DCP: {"model": ..., "optim": ...}; each rank writes its own shard file
+  .metadata                         DCP's index (written by rank 0 once every shard is written)
+  rng-00000.pt, rng-00001.pt, ...   each rank's RNG (CPU and its own GPU)
+  config.json, tokenizer.json, tokenizer_config.json   the model shape and tokenizer (AutoTokenizer loads them)
+  <part>.json / <part>.pt           one file per registered part (utils/ckpt/checkpointer.py): scheduler.pt,
+                                    scaler.pt (fp16 only), loader.json, trainer.json, metrics.json; run_config.json
+  COMPLETE                          JSON {step, world_size, files: {name: {size, crc32c}}}; written last, by rank 0,
+                                    only after every rank reported its files written (and uploaded)
+`best/` and `final/` also hold `model.safetensors` (consolidated weights): AutoModelForCausalLM.from_pretrained
+loads them. Any step folder can be consolidated later with `python -m utils.consolidate`.
+
+A folder counts only when COMPLETE exists and every file it lists has the recorded size; loading for a resume
+(and utils.generate, rp2040.export) also checks each file's crc32c, so same-size corruption is caught too.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from utils.atomic import atomic_write_json
+from utils.crc import crc32c_file
+from utils.errors import PiconeoxError
+
+MARKER = "COMPLETE"
+STEP_RE = re.compile(r"^step-(\d{8})$")
+DCP_INDEX = ".metadata"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def rng_name(rank: int) -> str:
+    return f"rng-{rank:05d}.pt"
+
+def manifest(folder: Path, names) -> dict[str, dict]:
+    """{name: {size, crc32c}} of files in `folder`: what the COMPLETE marker records."""
+    return {name: {"size": (folder / name).stat().st_size, "crc32c": crc32c_file(folder / name)} for name in names}
+
+
+def write_marker(folder: Path, step: int, world_size: int, files: dict[str, dict]) -> None:
+    marker = {"step": step, "world_size": world_size, "files": dict(sorted(files.items()))}
+    atomic_write_json(Path(folder) / MARKER, marker)
+
+
+def read_marker(folder: Path) -> dict | None:
+    """The parsed COMPLETE marker of `folder`, or None when it is missing or unreadable."""
+    try:
+        marker = json.loads((Path(folder) / MARKER).read_text())
+        return marker if isinstance(marker.get("files"), dict) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_files(folder: Path, files: dict[str, dict], verify: bool = True) -> str | None:
+    """None when every file of a marker's list is in `folder` with its size (and crc32c when `verify`)."""
+    folder = Path(folder)
+    for name, want in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{folder} is damaged: {name} is missing"
+        if path.stat().st_size != want["size"]:
+            return f"{folder} is damaged: {name} has {path.stat().st_size} bytes, expected {want['size']}"
+        if verify and crc32c_file(path) != want["crc32c"]:
+            return f"{folder} is damaged: {name} does not match its crc32c (same size, different bytes)"
+    return None
+
+
+def check_complete(folder: Path, verify: bool = False) -> str | None:
+    """None when `folder` is a complete checkpoint, else a one-line reason. `verify` also checks every crc32c."""
+    folder = Path(folder)
+    if not (folder / MARKER).is_file():
+        return f"{folder} has no {MARKER} marker (an interrupted save)"
+    marker = read_marker(folder)
+    if marker is None or not all(isinstance(v, dict) and {"size", "crc32c"} <= v.keys()
+                                 for v in marker["files"].values()):
+        return f"{folder}/{MARKER} is unreadable (or from an older piconeox format)"
+    return check_files(folder, marker["files"], verify)
+
+
+def step_folders(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, folder) for every step-XXXXXXXX folder, complete or not, oldest first."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := STEP_RE.match(p.name))]
+    return sorted(found)
+
+
+def latest_complete(run_dir: Path, warn=print, verify: bool = True) -> Path | None:
+    """The highest complete step folder; damaged newer ones are reported with `warn` and skipped."""
+    for _, folder in reversed(step_folders(run_dir)):
+        reason = check_complete(folder, verify)
+        if reason is None:
+            return folder
+        warn(f"skipping checkpoint: {reason}")
+    return None
+
+
+def rotate(run_dir: Path, keep_last: int, also_complete: set[int] = frozenset()) -> list[Path]:
+    """Keep the newest `keep_last` complete step folders; delete every step folder older than those.
+
+    `also_complete`: steps known complete elsewhere (the marker lives on rank 0's machine): a machine holding
+    only its own shards rotates by them.
+    """
+    folders = step_folders(run_dir)
+    complete = sorted({step for step, folder in folders if check_complete(folder) is None} | set(also_complete))
+    if len(complete) <= keep_last:
+        return []
+    cutoff = complete[-keep_last]
+    removed = [folder for step, folder in folders if step < cutoff]
+    # Leftovers of interrupted writes or swaps (.step-N.tmp, .step-N.old) below the cutoff go too.
+    removed += [p for p in Path(run_dir).glob(".step-*.*")
+                if (m := re.match(r"^\.step-(\d{8})\.(tmp|old)$", p.name)) and int(m.group(1)) < cutoff]
+    for folder in removed:
+        shutil.rmtree(folder, ignore_errors=True)
+    return removed
+
+
+
+def not_a_checkpoint(path: Path) -> str:
+    """Why the folder `path` is no checkpoint: a folder of runs, a run without best/ or final/, or neither."""
+    subs = sorted(p.name for p in path.iterdir() if p.is_dir())
+    runs = [s for s in subs if any((path / s / c).is_dir() for c in ("best", "final"))]
+    steps = [s for s in subs if STEP_RE.match(s)]
+    give = "give checkpoints/<run>/best, final or step-XXXXXXXX"
+    if runs:
+        more = ", ..." if len(runs) > 3 else ""
+        return f"{path} is a folder of runs ({', '.join(runs[:3])}{more}), not a checkpoint: {give}"
+    if steps:
+        return f"{path} is a run folder without best/ or final/: give one of its steps, e.g. {path / steps[-1]}"
+    return f"{path} holds no checkpoint: {give}"
+
+
+def find_checkpoint(path: str | Path, *, resume: bool = False, flag: str = "", warn=print) -> Path:
+    """The checkpoint folder the user meant, checked; every problem is one PiconeoxError line.
+
+    `path` is a checkpoint folder (best/, final/, step-XXXXXXXX/, or a from_pretrained folder) or a run directory.
+    For a resume (`resume=True`) a run directory means its newest complete step folder, every file's crc32c is
+    checked and the folder must hold the sharded state; otherwise a run directory means its best/ (else final/)
+    and the loader checks the crc32c as it reads. `flag` prefixes the messages (e.g. "--resume "); `warn` reports
+    damaged step folders that a run directory's newest complete one was chosen over.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        what = "checkpoint or run directory" if resume else "checkpoint folder"
+        problem = f"is a file, not a {what}" if path.exists() else f"no such {what}"
+        raise PiconeoxError(f"{flag}{path}: {problem} (give checkpoints/<run>, or its best, final or "
+                            "step-XXXXXXXX folder)")
+    is_checkpoint = ((path / MARKER).exists() or STEP_RE.match(path.name) or path.name in ("best", "final")
+                     or (path / "config.json").is_file())
+    if not is_checkpoint:  # a run directory
+        found = latest_complete(path, warn) if resume else next(
+            (path / sub for sub in ("best", "final") if (path / sub / "config.json").is_file()), None)
+        if found is None:
+            raise PiconeoxError(f"{flag}{path}: no complete step-XXXXXXXX checkpoint in this run directory" if resume
+                                else f"{flag}{not_a_checkpoint(path)}")
+        path = found
+    if (path / MARKER).exists() or STEP_RE.match(path.name) or resume:
+        reason = check_complete(path, verify=resume)
+        if reason:
+            raise PiconeoxError(f"{flag}{reason}")
+    if resume and not (path / DCP_INDEX).exists():
+        raise PiconeoxError(f"{flag}{path}: a weights-only checkpoint (best/); resume from a step-XXXXXXXX "
+                            "or final/ folder, or load these weights with utils.generate / rp2040.export")
+    if not resume and not ((path / WEIGHTS_FILE).is_file() or (path / DCP_INDEX).is_file()):
+        raise PiconeoxError(f"{flag}{path} holds no model: expected config.json + {WEIGHTS_FILE}, or a run dir with "
+                            "best/ or final/")
+    return path

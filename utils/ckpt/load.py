@@ -1,0 +1,97 @@
+"""Reading checkpoints: the small parts of a step folder, this rank's slices of the sharded state, and any
+checkpoint's model for inference (in one process, without a process group: only the weights are read)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from utils.ckpt.format import DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, rng_name
+from utils.ckpt.state import sharded_state
+from utils.errors import PiconeoxError
+
+
+def read_part(folder: Path, name: str) -> object | None:
+    """The saved state of part `name` (<name>.json or <name>.pt), or None when the checkpoint has none."""
+    folder = Path(folder)
+    if (folder / f"{name}.json").is_file():
+        return json.loads((folder / f"{name}.json").read_text())
+    path = folder / f"{name}.pt"
+    return torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else None
+
+
+def read_rng(folder: Path, rank: int) -> dict:
+    """This rank's RNG state (rank 0's when the checkpoint had fewer ranks)."""
+    rng = Path(folder) / rng_name(rank)
+    return torch.load(rng if rng.exists() else Path(folder) / rng_name(0), map_location="cpu", weights_only=False)
+
+
+def load_sharded(folder: Path, model, optimizer) -> None:
+    """Load model and optimizer state in place; every rank reads only the slices of its own shards (DCP
+    reshards when the world size or sharding differ). Every rank must call this."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = sharded_state(model, optimizer)  # this rank's tensors: DCP fills them in place
+    try:
+        dcp.load(state, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
+    except Exception as e:  # CheckpointException wraps every rank's error; one line is enough for the user
+        raise PiconeoxError(f"{folder}: cannot load the sharded state: {str(e).splitlines()[0][:300]}") from e
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+MODEL_PREFIX = "model."
+
+
+def checked(folder: Path) -> Path:
+    """`folder` when it is a complete checkpoint whose files all match their crc32c; else one-line error."""
+    reason = check_complete(folder, verify=True)
+    if reason:
+        raise PiconeoxError(reason)
+    return Path(folder)
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The full model weights of a DCP checkpoint folder (any number of shards), on the CPU."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(str(folder))
+    meta = reader.read_metadata().state_dict_metadata
+    weights = {key[len(MODEL_PREFIX):]: torch.empty(m.size, dtype=m.properties.dtype)
+               for key, m in meta.items() if key.startswith(MODEL_PREFIX) and isinstance(m, TensorStorageMetadata)}
+    if not weights:
+        raise PiconeoxError(f"{folder}: the checkpoint holds no model weights")
+    state = {"model": weights}
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    return state["model"]
+
+
+def load_model(folder: Path):
+    """A GPTNeoXForCausalLM (float32, eval-ready) from best/, final/, a step folder or a from_pretrained folder.
+
+    Folders with a COMPLETE marker are verified first (sizes and crc32c), so corruption is one clear line.
+    """
+    from safetensors import SafetensorError
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    folder = Path(folder)
+    if (folder / MARKER).exists():
+        checked(folder)
+    try:
+        if (folder / WEIGHTS_FILE).is_file():
+            return GPTNeoXForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+        if not (folder / DCP_INDEX).is_file():
+            raise PiconeoxError(f"{folder} holds no model: expected model.safetensors or a sharded checkpoint")
+        config = GPTNeoXConfig.from_pretrained(folder)
+        with torch.device("meta"):
+            model = GPTNeoXForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+        model.load_state_dict(read_weights(folder), assign=True)
+        model.tie_weights()
+        # RoPE's inv_freq is a non-persistent buffer, in no checkpoint: compute it for real, not on meta
+        model.gpt_neox.rotary_emb = type(model.gpt_neox.rotary_emb)(config=model.config)
+        return model.eval()
+    except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+        raise PiconeoxError(f"{folder}: cannot load the model: {str(e).splitlines()[0][:300]}") from e

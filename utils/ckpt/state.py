@@ -1,0 +1,167 @@
+"""Capturing a checkpoint (on the training thread): this rank's state copied off the device, and its RNG.
+
+Saving is split in two so the slow part runs off the training thread: `Checkpointer.capture()` copies this
+rank's shard off the device (the only blocking part); utils/ckpt/write.py puts it on disk (on the saver thread).
+DCP reshards on load: a checkpoint of N ranks resumes on M ranks, under DDP or FSDP alike.
+"""
+from __future__ import annotations
+
+import random
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# A single process saves and loads without a process group on purpose: DCP's warning about it is noise.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
+def rng_state() -> dict:
+    """This process's RNG: Python, NumPy, torch CPU and only the GPU this rank uses (a box with fewer GPUs
+    must still resume: one state per visible GPU would not fit there)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])  # onto the current device, whatever its index was when saved
+
+
+@dataclass
+class Snapshot:
+    """One rank's part of a checkpoint, already on the CPU.
+
+    state: {"model": ..., "optim": ...} with this rank's shards (DTensor shards under FSDP), or None (best/).
+    weights: the full model weights for best/ (rank 0 only), else None.
+    common: {name: (suffix, state)} of every registered part and run_config (written by rank 0).
+    """
+
+    step: int
+    rank: int
+    world_size: int
+    state: dict | None
+    weights: dict | None
+    rng: dict
+    common: dict
+    hf_config: object
+    tokenizer: object  # a PreTrainedTokenizerFast
+
+    @property
+    def is_writer_of_common_files(self) -> bool:
+        return self.rank == 0
+
+
+def sharded_state(model, optimizer) -> dict:
+    """The DCP state dicts {"model", "optim"} keyed by parameter name, as each rank holds them (no gathering).
+
+    `model` is the unwrapped model (plain, DDP's module, or FSDP2-sharded) and `optimizer` the torch optimizer.
+    One format for all of them, so a checkpoint resumes on any world size and sharding.
+    """
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def tensor_bytes(t) -> int:
+    """Bytes this rank holds of `t` (a DTensor's local shard only)."""
+    t = getattr(t, "_local_tensor", t)
+    return t.numel() * t.element_size()
+
+
+def tensor_leaves(state: dict, path: tuple = ()):
+    """(path, tensor) for every tensor in a nested dict of state."""
+    for key, value in state.items():
+        if isinstance(value, dict):
+            yield from tensor_leaves(value, path + (key,))
+        elif isinstance(value, torch.Tensor):
+            yield path + (key,), value
+
+
+def own_share(state: dict, rank: int, world_size: int) -> dict:
+    """The part of a replicated (DDP) `state` this rank writes: whole tensors dealt out by size, largest first, each
+    to the rank with the fewest bytes so far, so every rank stages about 1/world of the checkpoint instead of all.
+
+    DCP writes each tensor once, from whichever rank holds it, and merges every rank's index: the checkpoint is
+    the same as one where every rank offered everything. Sharded (FSDP2) tensors and non-tensor values stay on
+    every rank (DTensor shards are already this rank's own; the small values DCP writes once).
+    """
+    leaves = [(tensor_bytes(t), path) for path, t in tensor_leaves(state) if not hasattr(t, "_local_tensor")]
+    load, owner = [0] * world_size, {}
+    for size, path in sorted(leaves, key=lambda x: (-x[0], str(x[1]))):  # the same order on every rank
+        r = min(range(world_size), key=lambda i: (load[i], i))
+        load[r] += size
+        owner[path] = r
+
+    def keep(node, path):
+        out = {}
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                if sub := keep(value, path + (key,)):
+                    out[key] = sub
+            elif owner.get(path + (key,), rank) == rank:
+                out[key] = value
+        return out
+
+    return keep(state, ())
+
+
+def stage(state: dict) -> dict:
+    """A CPU copy of `state` (DTensor shards stay shards); pinned memory on CUDA for a fast copy off the GPU."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    cuda = torch.cuda.is_available()
+    stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+                                          use_non_blocking_copy=cuda))
+    try:
+        return stager.stage(state)
+    finally:
+        stager.close()
+
+
+def staged_share(model, optimizer, rank: int, world_size: int) -> dict:
+    """This rank's part of {"model", "optim"} copied to the CPU: about checkpoint / world_size bytes, DDP or FSDP2."""
+    return stage(own_share(sharded_state(model, optimizer), rank, world_size))
+
+
+def full_weights(model) -> dict:
+    """The unsharded model weights on the CPU of rank 0 (empty elsewhere); a collective under FSDP.
+
+    Only best/ and final/ need them (from_pretrained format): weights, never the optimizer state.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    live = {p.data_ptr() for p in model.parameters()}
+    # A CPU model's state dict is its live parameters: copy those, training goes on changing them.
+    return {k: v.clone() if v.data_ptr() in live else v for k, v in weights.items()}
+
+
+# What a stop on a signal can move per rank and second: a conservative local disk, and one GCS upload stream.
+WRITE_BYTES_PER_S = 500e6
+UPLOAD_BYTES_PER_S = 100e6
+
+
+def grace_warning(n_params: int, world_size: int, grace_seconds: float, bucket: bool) -> str | None:
+    """A start-up line when --grace-seconds cannot hold a save of this model (None when it can).
+
+    Each rank writes (and uploads) only its shard: fp32 weights and two AdamW states, 12 bytes a parameter.
+    """
+    shard = 12 * n_params / world_size
+    need = shard / WRITE_BYTES_PER_S + (shard / UPLOAD_BYTES_PER_S if bucket else 0)
+    if need <= grace_seconds:
+        return None
+    where = ("the bucket keeps the last checkpoint whose upload finished (a fresh machine resumes from it); "
+             "the local disk also gets the current step if its write finishes") if bucket else \
+        "the current step survives only if its local write finishes, else the last periodic step folder"
+    return (f"--grace-seconds {grace_seconds:g} cannot hold a save of {shard / 1e9:.2f} GB per rank (about "
+            f"{need:.0f} s at {WRITE_BYTES_PER_S / 1e6:.0f} MB/s to disk"
+            f"{f' and {UPLOAD_BYTES_PER_S / 1e6:.0f} MB/s to the bucket' if bucket else ''}): "
+            f"on SIGTERM the run saves what fits; {where}. Save more often (--save-every) to lose less")

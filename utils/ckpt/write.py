@@ -1,0 +1,176 @@
+"""Writing checkpoint folders (on the saver thread): this rank's shards, the common files, best/ and final/.
+
+Every folder is published atomically: shards then the COMPLETE marker (utils/ckpt/uploader.py) for step
+folders; a temporary folder swapped into place for best/ and final/.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from utils.atomic import atomic_write, atomic_write_json
+from utils.ckpt.format import (DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, manifest, read_marker, rng_name,
+                               write_marker)
+from utils.ckpt.load import checked, read_weights
+from utils.ckpt.state import Snapshot
+from utils.errors import PiconeoxError
+from utils.outputs import atomic_dir, check_output_dir
+from utils.portable import make_portable
+
+
+def write_shards(snap: Snapshot, folder: Path, group=None) -> list[str]:
+    """Write this rank's shard (a collective with the other ranks' savers) and its RNG; rank 0 also writes DCP's
+    index and the common files. Returns the names this rank wrote."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    dcp.save(snap.state, storage_writer=dcp.FileSystemWriter(folder), process_group=group,
+             no_dist=snap.world_size == 1)
+    with atomic_write(folder / rng_name(snap.rank)) as f:
+        torch.save(snap.rng, f)
+    names = sorted(p.name for p in folder.glob(f"__{snap.rank}_*.distcp")) + [rng_name(snap.rank)]
+    if snap.is_writer_of_common_files:
+        names += [DCP_INDEX] + write_common(snap, folder)
+    return names
+
+
+def write_common(snap: Snapshot, folder: Path) -> list[str]:
+    """config.json, the tokenizer and one file per registered part (<name>.json or <name>.pt); returns the names."""
+    snap.hf_config.save_pretrained(folder)
+    names = ["config.json"] + [Path(p).name for p in snap.tokenizer.save_pretrained(folder)]
+    names += make_portable(folder)  # transformers 4.x, 5.x and the converters read it the same way
+    for name, (suffix, state) in snap.common.items():
+        if suffix == "json":
+            atomic_write_json(folder / f"{name}.json", state)
+        else:
+            with atomic_write(folder / f"{name}.pt") as f:
+                torch.save(state, f)
+        names.append(f"{name}.{suffix}")
+    return sorted(set(names))
+
+
+def write_weights(snap: Snapshot, folder: Path) -> Path:
+    """best/: consolidated weights (from_pretrained format), tokenizer and small states, atomically."""
+    tmp = fresh_tmp(folder)
+    save_pretrained_weights(snap.hf_config, snap.weights, tmp)
+    write_common(snap, tmp)
+    write_marker(tmp, snap.step, snap.world_size, manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
+    return swap_into_place(tmp, Path(folder))
+
+
+def save_pretrained_weights(hf_config, weights: dict, folder: Path) -> None:
+    """config.json + model.safetensors from a full state dict, without allocating a second model."""
+    from transformers import GPTNeoXForCausalLM
+
+    with torch.device("meta"):
+        shell = GPTNeoXForCausalLM(hf_config)
+    shell.save_pretrained(folder, state_dict=weights, safe_serialization=True)
+
+
+def prepare_step_folder(folder: Path) -> None:
+    """Remove what an interrupted earlier save of this step left (it is not complete, or is being replaced)."""
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def link_copy(src: Path, folder: Path, extra: Path | None = None) -> Path:
+    """Publish a complete checkpoint under another name (final/) with hard links: no second write.
+
+    `extra`: a folder whose files are added (the consolidated weights), overriding files of the same name.
+    """
+    tmp = fresh_tmp(folder)
+    sources = {p.name: p for p in Path(src).iterdir() if p.is_file() and p.name != MARKER}
+    if extra is not None:
+        sources.update({p.name: p for p in Path(extra).iterdir() if p.is_file() and p.name != MARKER})
+    for name, path in sources.items():
+        try:
+            os.link(path, tmp / name)
+        except OSError:  # a filesystem without hard links (some network mounts): copy instead
+            shutil.copy2(path, tmp / name)
+    marker = json.loads((Path(src) / MARKER).read_text())
+    files = {**marker["files"], **(manifest(tmp, [p.name for p in Path(extra).iterdir() if p.name != MARKER])
+                                   if extra is not None else {})}
+    write_marker(tmp, marker["step"], marker.get("world_size", 1), files)
+    return swap_into_place(tmp, Path(folder))
+
+
+def fresh_tmp(folder: Path) -> Path:
+    tmp = Path(folder).with_name(f".{Path(folder).name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def swap_into_place(tmp: Path, folder: Path) -> Path:
+    """Replace an older folder of the same name (best/, final/) only once `tmp` is complete."""
+    old = folder.with_name(f".{folder.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        folder.rename(old)
+    tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+@contextlib.contextmanager
+def consolidate_into(folder: Path) -> Iterator[Path]:
+    """A temporary folder (next to `folder`, removed afterwards) holding config.json + model.safetensors."""
+    from transformers import GPTNeoXConfig
+
+    tmp = Path(folder).with_name(f".{Path(folder).name}.weights.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        save_pretrained_weights(GPTNeoXConfig.from_pretrained(folder), read_weights(folder), tmp)
+        make_portable(tmp, tokenizer_dir=folder)
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def is_consolidated(folder: Path) -> bool:
+    """True for a from_pretrained folder with its marker, as consolidate() writes (what --out may replace)."""
+    return (folder / MARKER).is_file() and (folder / WEIGHTS_FILE).is_file() and \
+        not any(p.is_dir() for p in folder.iterdir())
+
+
+def consolidate(folder: Path, out: Path) -> Path:
+    """Write `folder`'s weights as a from_pretrained folder `out` (atomically, marker last)."""
+    folder, out = Path(folder), Path(out)
+    if out.resolve() == folder.resolve():
+        raise PiconeoxError(f"--out {out}: must differ from the checkpoint folder")
+    check_output_dir(out, "--out", is_consolidated, "a consolidated checkpoint")
+    checked(folder)
+    with atomic_dir(out) as tmp, consolidate_into(folder) as weights:
+        for path in weights.iterdir():
+            shutil.move(path, tmp / path.name)
+        for path in folder.iterdir():  # the tokenizer and the small json states travel along
+            if path.is_file() and (path.name.startswith(("tokenizer", "special_tokens")) or
+                                   (path.suffix == ".json" and path.name != "config.json")):
+                shutil.copy2(path, tmp / path.name)
+        make_portable(tmp)  # also fixes the tokenizer files of a checkpoint written before utils.portable
+        marker = read_marker(folder)
+        write_marker(tmp, marker["step"], marker.get("world_size", 1),
+                     manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
+    return out
+
+
+def publish_final(last: Path, final: Path, consolidate_weights: bool, log) -> None:
+    """final/: the last step (hard links) plus its weights consolidated for from_pretrained; a stop on a signal
+    skips the consolidation (no time for it) and says how to do it later."""
+    reason = check_complete(last)
+    if reason:  # the save failed, or several machines hold the shards (the bucket has them all)
+        log.warning(f"final/ not written: {reason}")
+        return
+    if not consolidate_weights:
+        link_copy(last, final)
+        log.info(f"{final}: resumable; for from_pretrained weights run python -m utils.consolidate {last} --out DIR")
+        return
+    with consolidate_into(last) as weights:
+        link_copy(last, final, extra=weights)
