@@ -98,7 +98,7 @@ def test_checkpoint_forms(tmp_path):
         export(step, tmp_path / "a")
     ckpt.write_marker(step, 100, 1, ckpt.manifest(step, [p.name for p in step.iterdir()]))
     assert export(step, tmp_path / "a")["source"] == str(step)
-    with pytest.raises(PiconeoxError, match="holds no model"):
+    with pytest.raises(PiconeoxError, match="run folder without best/ or final/: give one of its steps"):
         export(tmp_path / "run", tmp_path / "b")
     _save(model, tmp_path / "run" / "final")
     _save(model, tmp_path / "run" / "best")
