@@ -430,9 +430,11 @@ def test_refusals_after_the_checks_exit_2_and_take_back_what_they_created(tmp_pa
     resume = ["--data", str(tiny_data), "--resume", str(ckpt / "r")]
     new = ["--data", str(tiny_data), "--run-name", "new", "--max-steps", "2"]
     cases = [  # (train.py flags, environment, expected text)
-        ([*resume, "--set", "model.hidden_size=64", "--max-steps", "4"], {}, "checkpoint has model.hidden_size=32, this run has 64"),
+        ([*resume, "--set", "model.hidden_size=64", "--max-steps", "4"], {},
+         "checkpoint has model.hidden_size=32, this run has 64"),
         ([*resume, "--max-steps", "2"], {}, "the resumed run is already at step 2; raise --max-steps"),
-        (["--data", str(char_data), "--resume", str(step), "--max-steps", "4"], {}, "checkpoint has model.vocab_size=256"),
+        (["--data", str(char_data), "--resume", str(step), "--max-steps", "4"], {},
+         "checkpoint has model.vocab_size=256"),
         ([*new, "--init-from", str(corrupt_final)], {}, f"{corrupt_final} is damaged"),
         ([*new, "--init-from", str(corrupt_step)], {}, f"{corrupt_step}"),
         ([*new, "--resume", "gs://piconeox-x/ckpt/r", "--credentials", key], {"STORAGE_EMULATOR_HOST": None},
@@ -440,8 +442,10 @@ def test_refusals_after_the_checks_exit_2_and_take_back_what_they_created(tmp_pa
         ([*new, "--resume", "gs://piconeox-x/ckpt/r"], {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{closed_port()}"},
          "--resume gs://piconeox-x/ckpt/r: list gs://piconeox-x/ckpt/r/"),
         ([*new, "--set", "train.global_batch_tokens=100"], {}, "train.global_batch_tokens=100 is not a whole multiple"),
-        ([*new, "--set", "train.global_batch_tokens=256", "--grad-accum", "3"], {}, "train.grad_accum_steps=3 disagrees"),
-        (["--data", str(tiny_data), "--run-name", "r", "--max-steps", "4"], {}, "holds an earlier run (best, final, step-00000002)"),
+        ([*new, "--set", "train.global_batch_tokens=256", "--grad-accum", "3"], {},
+         "train.grad_accum_steps=3 disagrees"),
+        (["--data", str(tiny_data), "--run-name", "r", "--max-steps", "4"], {},
+         "holds an earlier run (best, final, step-00000002)"),
     ]  # the 11th, --report-to wandb without a login, is in test_trackers.py (W&B reads its settings once per process)
     before = files_below(ckpt, logs)
     for argv, env, message in cases:
@@ -466,7 +470,8 @@ def test_the_launcher_exits_2_with_the_workers_one_line(tmp_path, tiny_data, fin
     for argv, message in ((["--data", str(tiny_data), "--resume", str(ckpt / "r"), "--max-steps", "2", "--batch-size",
                             str(4 // procs)],  # the checkpoint's 128 tokens per step on `procs` processes
                            "the resumed run is already at step 2"),
-                          (["--data", str(tiny_data), "--run-name", "new", "--set", f"train.global_batch_tokens={128 * 3}"],
+                          (["--data", str(tiny_data), "--run-name", "new",
+                            "--set", f"train.global_batch_tokens={128 * 3}"],
                            "is not a whole multiple")):
         if procs == 1 and "new" in argv:
             continue  # 3 micro batches divide over one process

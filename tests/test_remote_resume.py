@@ -175,7 +175,8 @@ def test_a_checkpoint_that_never_reached_a_directory_bucket_exits_3_and_push_fin
     assert "/best" not in next_block and f"utils.generate {run_dir / 'final'}" in next_block  # no eval ran: no best/
 
     bucket.unlink()  # the bucket is back: the printed command, as printed, from another folder, finishes the upload
-    done = subprocess.run(shlex.split(line.split("upload it with: ", 1)[1]), cwd=tmp_path, capture_output=True, text=True)
+    done = subprocess.run(shlex.split(line.split("upload it with: ", 1)[1]), cwd=tmp_path, capture_output=True,
+                          text=True)
     assert done.returncode == 0 and done.stdout.startswith("uploaded "), done.stderr
     assert newest_verified(open_storage(str(bucket)).child("run"), {len(losses): True}, print)[0] == len(losses)
     assert push_checkpoint.main([str(run_dir), "--checkpoint-bucket", str(bucket)]) == 0

@@ -88,7 +88,8 @@ class TrainReport:
         if log_due:
             self.metrics.scalars(step, {
                 "train/loss": loss, "train/lr": lr, "train/grad_norm": float(grad_norm), "train/step_time_s": dt,
-                "train/tokens_per_s": tok_s, "train/tokens_per_s_per_device": tok_s / self.world if self.world > 1 else None,
+                "train/tokens_per_s": tok_s,
+                "train/tokens_per_s_per_device": tok_s / self.world if self.world > 1 else None,  # else the same
                 "train/mfu": mfu(tok_s / self.world, self.flops_per_token, self.peak), **gpu_stats()})
             self.log.debug(f"step {step} loss {loss:.6f} lr {lr:.3e}")
 

@@ -41,7 +41,8 @@ def push(run_dir: Path, bucket_root: str, credentials: str | None) -> str:
                             "from the bucket, then run this again")
     summary = upload_tree(newest, bucket.child(newest.name), last=ckpt.MARKER)
     if summary.failed:
-        raise UploadIncomplete(f"{summary.failed} file(s) of {newest} did not reach {target}; first: {summary.errors[0]}")
+        raise UploadIncomplete(f"{summary.failed} file(s) of {newest} did not reach {target}; "
+                               f"first: {summary.errors[0]}")
     return f"uploaded {newest} to {target}"
 
 

@@ -31,7 +31,7 @@ def run_records(folder: Path) -> list[str]:
     found = set()
     for entry in folder.iterdir():
         name = entry.name
-        if (name.startswith("step-") or name in CHECKPOINT_RECORDS + LOG_RECORDS or name.startswith("events.out.tfevents")
+        if (name.startswith(("step-", "events.out.tfevents")) or name in CHECKPOINT_RECORDS + LOG_RECORDS
                 or (entry / "run_config.json").is_file()):
             found.add(name)
         elif entry.is_dir() and any(entry.rglob("events.out.tfevents*")):
@@ -48,8 +48,8 @@ def check_new_run(resume: str | None, run_dir: Path, log_dir: Path) -> None:
     for folder in (run_dir, log_dir):
         if found := run_records(folder):
             shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-            raise PiconeoxError(f"{folder} holds an earlier run ({shown}): pass --resume auto to continue it, or --run-name "
-                                "NAME (after `--` for start_training.sh) to start a new one beside it")
+            raise PiconeoxError(f"{folder} holds an earlier run ({shown}): pass --resume auto to continue it, or "
+                                "--run-name NAME (after `--` for start_training.sh) to start a new one beside it")
 
 
 class RunClaim:

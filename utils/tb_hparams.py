@@ -27,8 +27,8 @@ def hparams_summaries(flat: dict) -> list:
 
     values = hparam_values(flat)
     kinds = {bool: api_pb2.DATA_TYPE_BOOL, str: api_pb2.DATA_TYPE_STRING}
-    infos = [api_pb2.HParamInfo(name=name, type=kinds.get(type(value), api_pb2.DATA_TYPE_FLOAT64), differs=name in TUNED)
-             for name, value in values.items()]
+    infos = [api_pb2.HParamInfo(name=name, type=kinds.get(type(value), api_pb2.DATA_TYPE_FLOAT64),
+                                differs=name in TUNED) for name, value in values.items()]
     metrics = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), description=text) for tag, text in METRICS.items()]
     start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
     for name, value in values.items():
@@ -37,7 +37,8 @@ def hparams_summaries(flat: dict) -> list:
     data = {metadata.EXPERIMENT_TAG: plugin_data_pb2.HParamsPluginData(experiment=api_pb2.Experiment(
                 hparam_infos=infos, metric_infos=metrics, time_created_secs=time.time())),
             metadata.SESSION_START_INFO_TAG: plugin_data_pb2.HParamsPluginData(session_start_info=start)}
-    return [Summary(value=[Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(d))]) for tag, d in data.items()]
+    return [Summary(value=[Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(d))])
+            for tag, d in data.items()]
 
 
 def write_hparams(writer, flat: dict, step: int = 0) -> None:

@@ -44,7 +44,8 @@ def remote_marker(store: Storage, step: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         store.child(step_dir_name(step)).get(MARKER, Path(tmp) / MARKER)
         marker = read_marker(Path(tmp))
-    if marker is None or not all(isinstance(v, dict) and {"size", "crc32c"} <= v.keys() for v in marker["files"].values()):
+    files = marker["files"].values() if marker else ()
+    if marker is None or not all(isinstance(v, dict) and {"size", "crc32c"} <= v.keys() for v in files):
         raise PiconeoxError(f"{store.url}/{step_dir_name(step)}/{MARKER} is unreadable")
     return marker
 
@@ -65,8 +66,8 @@ def newest_verified(store: Storage, steps: dict[int, bool], warn) -> tuple[int, 
         if bad is None:
             return step, marker
         warn(f"skipping bucket checkpoint {store.url}/{name}: {bad} " + ("is missing" if bad not in listed else
-             f"has {listed[bad].size} bytes, crc32c {listed[bad].crc32c}; the marker says {marker['files'][bad]['size']}, "
-             f"{marker['files'][bad]['crc32c']}"))
+             f"has {listed[bad].size} bytes, crc32c {listed[bad].crc32c}; the marker says "
+             f"{marker['files'][bad]['size']}, {marker['files'][bad]['crc32c']}"))
     return None
 
 

@@ -71,9 +71,11 @@ def candidates(resume: str | None, run_dir: Path, bucket: Storage | None, creden
     local = ckpt.latest_complete(run_dir, warn)
     if local is not None:
         marker = ckpt.read_marker(local)
-        points.append(ResumePoint(int(marker["step"]), marker, str(local), bucket.url if steps.get(marker["step"]) else None))
+        remote_url = bucket.url if steps.get(marker["step"]) else None
+        points.append(ResumePoint(int(marker["step"]), marker, str(local), remote_url))
     if verified is not None and not any(p.step == verified[0] for p in points):
-        points.append(ResumePoint(verified[0], verified[1], str(Path(run_dir) / ckpt.step_dir_name(verified[0])), bucket.url))
+        step, marker = verified
+        points.append(ResumePoint(step, marker, str(Path(run_dir) / ckpt.step_dir_name(step)), bucket.url))
     return sorted(points, key=lambda p: -p.step)
 
 
