@@ -204,7 +204,9 @@ fi
 [ -z "$port" ] && [ "$machines" -eq 1 ] && { [ "$total" -gt 1 ] || [ -n "${cpu_group:-}" ]; } && port=0
 [ -n "$port" ] && launch+=(--main_process_port "$port")
 
-cmd=("$PY" -m accelerate.commands.launch "${launch[@]}" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}")
+# utils/launch.py is `accelerate launch` (same flags) that exits with the run's own code (2 refused, 3 not uploaded)
+# and prints a failed worker's one `error:` line instead of accelerate's exit 1 or torchrun's traceback.
+cmd=("$PY" "$ROOT/utils/launch.py" "${launch[@]}" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}")
 if [ "$dry_run" -eq 1 ]; then
   line=$(printf '%q ' "${envs[@]}" "${cmd[@]}")
   echo "${line% }"
@@ -227,8 +229,8 @@ trap release_lock EXIT
 # Bad settings, a missing dataset or resume path, bad gs:// settings: one line from train.py now, not a
 # traceback from the launcher after the workers started. A gs:// --data is synced here, once per machine and
 # outside any process group (no rank waits on it); the preflight prints the local folder the run then reads.
-synced=$(PICONEOX_RUN_LOCK_NOTE=$lock_note "$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --preflight) \
-  || exit $?
+synced=$(PICONEOX_RUN_LOCK_NOTE=$lock_note "$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --preflight \
+  --processes "$total") || exit $?
 if [ -n "$synced" ]; then
   cmd+=(--data "$synced")
   echo "data synced to $synced"
@@ -241,7 +243,8 @@ echo "start_training.sh: $total training process(es) under accelerate launch (--
 # traceback (or torchrun would report the workers as failed) while train.py is still saving. utils/lifeline.py
 # binds accelerate to this script (SIGTERM when it dies, e.g. by SIGKILL), and each train.py to accelerate.
 set -m
-"$PY" "$ROOT/utils/lifeline.py" $$ env "${envs[@]}" "${cmd[@]}" &
+# the run does not repeat the preflight's warnings (PICONEOX_PREFLIGHT_PASSED)
+"$PY" "$ROOT/utils/lifeline.py" $$ env PICONEOX_PREFLIGHT_PASSED=1 "${envs[@]}" "${cmd[@]}" &
 child=$!
 # The pids whose parent is $1, read from /proc (slim images have no pgrep).
 children_of() {

@@ -58,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--preflight", action="store_true", help="check every setting, sync a gs:// --data into "
                    "data/gcs-cache/<host>/, print that folder and exit (start_training.sh runs it once per machine)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan (default 1)")
+    p.add_argument("--processes", type=int, metavar="N", help="with --preflight: the training processes the launch "
+                   "starts (the global batch must divide over them; start_training.sh passes it)")
     p.add_argument("--no-background-upload", dest="background_upload", action="store_const", const="false",
                    help="= --set run.background_upload=false: write and upload checkpoints synchronously")
     for flag, key in RUN_FLAGS.items():
@@ -107,22 +109,29 @@ def with_init_from(cfg):
     return replace(cfg, model=ModelConfig.from_hf(pretrained.hf_config)).validate(), pretrained
 
 
-def preflight(cfg, pretrained) -> Path | None:
+def preflight(cfg, pretrained, processes: int | None = None) -> Path | None:
     """Before the launch, no GPU: check output folders, --data, --init-from, --resume and gs:// credentials
     (configs/run.py checked the rest), then sync a gs:// --data into this machine's cache and return that folder."""
     from utils import ckpt, runlock
-    from utils.ckpt.resume import check_new_run
     from utils.data.shards import verify_dataset
     from utils.data.source import DATA_CACHE, check_data_arg, ensure_local
+    from utils.run_folders import check_new_run
+    from utils.trackers import check_wandb_login, parse_report_to
 
     if (local := check_data_arg(cfg.train)) is not None:
         dataset = verify_dataset(local)  # hashes the shards on first use; the launched run then finds them cached
         if pretrained:
             pretrained.check_dataset(local, dataset.tokenizer_sha256)
+    if processes is not None and processes < 1:
+        raise PiconeoxError(f"--processes {processes}: must be at least 1")
+    if processes and not cfg.run.resume:  # known now: a resume keeps its checkpoint's global batch
+        cfg.train.for_world(processes)
     s = cfg.run
     name, run_dir, log_dir = run_dirs(cfg)
     with runlock.for_launcher(s.output_dir, name):  # held for the whole run unless a check here refuses it
         check_new_run(s.resume, run_dir, log_dir)
+        if "wandb" in parse_report_to(s.report_to):
+            check_wandb_login()  # caught here, not after the model is built
         if s.credentials or any(u and u.startswith("gs://") for u in (cfg.train.data, s.checkpoint_bucket, s.resume)):
             from utils.storage.gcs import resolve_credentials  # the Google clients only where gs:// is used
 
@@ -176,13 +185,14 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     from utils.ckpt.uploader import open_uploader
     from utils.data.source import local_dataset, make_loaders
     from utils.data.tokenizers import load_tokenizer
-    from utils.distributed import compile_layers, describe, make_accelerator, weights_come_from_rank0
+    from utils.distributed import compile_layers, describe, make_accelerator, rank0_decides, weights_come_from_rank0
     from utils.lifeline import GraceDeadline
     from utils.lm import auto_micro_batch
     from utils.metrics import MetricsWriter, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
     from utils.preemption import StopRequest
     from utils.progress import TrainReport, log_start
+    from utils.run_folders import claim_run_dirs, keep_earlier_best
     from utils.storage.sync import host_dir
     from utils.trackers import parse_report_to
 
@@ -200,7 +210,8 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     cfg = replace(cfg, model=cfg.model.with_vocab(train_loader.vocab_size)).validate()
     name, run_dir, log_dir = run_dirs(cfg)
     runlock.hold_for_run(cleanup, s.output_dir, name, accelerator)  # every process, for as long as it writes
-    resume.claim_run_dirs(s.resume, run_dir, log_dir, accelerator.is_main_process)
+    # refused before its first step, the run takes back what it created (utils/run_folders.py)
+    claim = claim_run_dirs(s.resume, run_dir, log_dir, accelerator.is_main_process, cleanup)
     log = setup_logging(log_dir / "training.log", accelerator.is_main_process)
     metrics = MetricsWriter(log_dir, accelerator.is_main_process, parse_report_to(s.report_to))
     cleanup.callback(metrics.close)  # on every exit path: flush TensorBoard, finish the W&B run
@@ -259,9 +270,12 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     if state.step >= tc.max_steps:
         raise PiconeoxError(f"--max-steps {tc.max_steps}: the resumed run is already at step {state.step}; "
                             "raise --max-steps")
-    metrics.start(state.step, {**run_config, "run": {**run_config["run"], "name": name, "data_dir": str(data_dir),
-                                                     "parameters": n_params, "world_size": accelerator.num_processes,
-                                                     "device": accelerator.device.type}})
+    rank0_decides(lambda: metrics.start(state.step, {**run_config, "run": {
+        **run_config["run"], "name": name, "data_dir": str(data_dir), "parameters": n_params,
+        "world_size": accelerator.num_processes, "device": accelerator.device.type}}), accelerator.is_main_process)
+    claim.accept()  # every check passed: from here on the run's files stay
+    if accelerator.is_main_process and s.resume == "auto" and not resume_from:
+        keep_earlier_best(run_dir, log)
     report = TrainReport(metrics, log, total_steps=tc.max_steps, step=state.step,
                          tokens_per_step=tc.global_batch_tokens,
                          world=accelerator.num_processes, flops_per_token=model_flops_per_token(cfg.model, tc.seq_len),
@@ -353,7 +367,7 @@ def train(run: Run) -> str:
             improved = val < state.best_val_loss
             state.best_val_loss = min(val, state.best_val_loss)
             state.evals_without_improvement = 0 if improved else state.evals_without_improvement + 1
-            run.report.evaluated(state.step, loss, val, improved, state.evals_without_improvement)
+            run.report.evaluated(state.step, loss, val, improved, state.evals_without_improvement, state.best_val_loss)
             if improved and tc.best_and_final:
                 save(run, run.run_dir / "best", weights_only=True)
             if tc.patience and state.evals_without_improvement >= tc.patience:
@@ -411,7 +425,9 @@ def finish(run: Run, reason: str) -> int:
 
     from utils import ckpt
     from utils.ckpt.uploader import UploadFailed
+    from utils import exit_status
     from utils.summary import log_sample, next_commands, where_things_are
+    from utils.upload_report import closing_word
 
     run.report.close()
     run.vote.close()
@@ -430,18 +446,24 @@ def finish(run: Run, reason: str) -> int:
         sample = log_sample(run.checkpointer.model, run.tokenizer, run.cfg.run.sample_prompt, tc.seed, log)
     run.uploader.close(timeout=stop.remaining())  # every rank's saver; no limit unless stopping on a signal
     check_uploads(run)
+    not_uploaded = None  # the exit-3 line when the run's newest checkpoint is not in the bucket
     if run.accelerator.is_main_process:
         if tc.best_and_final:
             ckpt.publish_final(last, run.run_dir / "final", consolidate_weights=not preempted, log=log)
         cuda = run.accelerator.device.type == "cuda"
         run.report.summary(state.step, reason, state.best_val_loss, run.log_dir, sample,
                            torch.cuda.max_memory_allocated() / 1e9 if cuda else None)
+        if run.uploader.store is not None:
+            not_uploaded = closing_word(run.uploader.store, run.run_dir, run.cfg.run.checkpoint_bucket,
+                                        run.cfg.run.credentials, log)
         log.info(where_things_are(run.run_dir, run.log_dir, run.cfg.run.log_dir))
         log.info(next_commands(run.cfg.preset, run.run_dir, stopped=stop.stopping,
-                               weights=run.run_dir / "best" if tc.best_and_final else last))
+                               last=None if tc.best_and_final else last))
         run.metrics.close()
     run.accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     run.accelerator.end_training()
+    if not_uploaded:
+        return exit_status.finish(exit_status.NOT_UPLOADED, not_uploaded)
     if run.uploader.fatal:
         raise UploadFailed(run.uploader.fatal)
     return 0
@@ -454,7 +476,7 @@ def run(args) -> int:
 
     cfg, pretrained = with_init_from(resolve_config(args.config, args.config_file, overrides_from_args(args)))
     if args.preflight:
-        synced = preflight(cfg, pretrained)
+        synced = preflight(cfg, pretrained, args.processes)
         if synced is not None:
             print(synced)  # start_training.sh passes this folder as the run's --data
         return 0
