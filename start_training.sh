@@ -11,7 +11,8 @@ usage: ./start_training.sh --config NAME [--gpus N] [--procs N] [--resume X] [--
                            [--num-machines N --machine-rank R --main-process-ip IP [--main-process-port P]]
                            [--accelerate-config FILE] [--dry-run] [-- extra train.py flags]
 
-Runs train.py under `accelerate launch` and prints the exact line first.
+Runs train.py under `accelerate launch` (--dry-run prints that command; start runs with this script,
+which stops them cleanly: Ctrl-C on the bare command gives a traceback while the trainers still save).
 
   --config NAME            preset (train.py lists the valid ones)
   --gpus N                 GPUs per machine; 0 = CPU. Default: every GPU torch sees (CPU when none).
@@ -36,17 +37,19 @@ Runs train.py under `accelerate launch` and prints the exact line first.
   -h, --help               this text
 
 Everything after `--` is appended to train.py's flags verbatim.
-Ctrl-C / SIGTERM are forwarded to every training process: each saves, flushes its uploads and exits,
-and this script waits for them and exits 0 after a clean stop (a second Ctrl-C stops at once). With
-several processes torchrun kills workers still running TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds later
-(default here 120; keep it above train.py's --grace-seconds).
+Ctrl-C / SIGTERM / SIGHUP (a closed terminal) are forwarded to every training process: each saves,
+flushes its uploads and exits, and this script waits for them and exits 0 after a clean stop (a second
+Ctrl-C stops at once). For a run that must outlive the terminal use tmux, nohup or systemd. If this
+script is killed outright (SIGKILL), the training processes get SIGTERM at once and stop the same way;
+none outlives it by more than --grace-seconds. One run per name: a second start of a run that is still
+running (or still saving) exits 2 before the launch (lock: <output-dir>/.locks/<run>.lock).
 
 With --num-machines > 1, GLOO_SOCKET_IFNAME is set to the interface that routes to --main-process-ip
 (unless already set), so the checkpoint and stop-vote gloo groups reach the other machines. On GPUs
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set unless PYTORCH_CUDA_ALLOC_CONF is already set.
 
 Test hooks: PICONEOX_FAKE_GPUS=N pretends N CUDA GPUs are visible (to check GPU lines on a CPU box);
-PICONEOX_CPU_FSDP=1 shards for real over gloo when an FSDP --accelerate-config runs on CPU (--procs N).
+PICONEOX_CPU_FSDP=1 shards for real over gloo when an FSDP --accelerate-config runs on CPU (--procs N, also 1).
 EOF
 }
 
@@ -61,7 +64,7 @@ ROOT=$(dirname "$0")
 PY=python3
 [ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"
 
-preset="" gpus="" procs="" machines="" rank="" ip="" port="" acc_config="" mp="" dry_run=0
+preset="" gpus="" procs="" cpu_group="" machines="" rank="" ip="" port="" acc_config="" mp="" dry_run=0
 train_args=()
 while [ $# -gt 0 ]; do
   opt=$1
@@ -163,7 +166,9 @@ if [ "$gpus" -eq 0 ]; then
   threads=${OMP_NUM_THREADS:-$(( cores / per_machine > 0 ? cores / per_machine : 1 ))}
   envs+=("OMP_NUM_THREADS=$threads")
   mp=${mp:-no}
-  if [ "$total" -gt 1 ]; then
+  # PICONEOX_CPU_FSDP=1 with a config: even one process needs a (gloo) group for FSDP2, as one GPU does
+  if [ "$total" -gt 1 ] || { [ -n "$user_config" ] && [ "${PICONEOX_CPU_FSDP:-}" = 1 ]; }; then
+    cpu_group=1
     envs=(ACCELERATE_USE_CPU=true "${envs[@]}")
     [ -z "$user_config" ] && launch=(--multi_gpu "${launch[@]}")
   else
@@ -196,29 +201,50 @@ if [ "$machines" -gt 1 ] && [ -z "${GLOO_SOCKET_IFNAME:-}" ]; then
   fi
 fi
 # One machine: port 0 lets accelerate pick a free port, so two runs (or test suites) on one box never collide.
-[ -z "$port" ] && [ "$machines" -eq 1 ] && [ "$total" -gt 1 ] && port=0
+[ -z "$port" ] && [ "$machines" -eq 1 ] && { [ "$total" -gt 1 ] || [ -n "${cpu_group:-}" ]; } && port=0
 [ -n "$port" ] && launch+=(--main_process_port "$port")
 
-cmd=("$PY" -m accelerate.commands.launch "${launch[@]}" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}")
-line=$(printf '%q ' "${envs[@]}" "${cmd[@]}")
-echo "${line% }"
-[ "$dry_run" -eq 1 ] && exit 0
+# utils/launch.py is `accelerate launch` (same flags) that exits with the run's own code (2 refused, 3 not uploaded)
+# and prints a failed worker's one `error:` line instead of accelerate's exit 1 or torchrun's traceback.
+cmd=("$PY" "$ROOT/utils/launch.py" "${launch[@]}" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}")
+if [ "$dry_run" -eq 1 ]; then
+  line=$(printf '%q ' "${envs[@]}" "${cmd[@]}")
+  echo "${line% }"
+  exit 0
+fi
+
+# One run per name: the preflight takes the run's lock in this script's name (utils/runlock.py), the training
+# processes join it, and it is removed once this script and all of them are gone (on every exit path).
+export PICONEOX_RUN_LOCK_OWNER=$$
+if [ "$machines" -gt 1 ]; then export PICONEOX_MACHINE_RANK=$rank; fi
+lock_note=$(mktemp "${TMPDIR:-/tmp}/piconeox-lock.XXXXXX")
+release_lock() {
+  local lock
+  lock=$(cat "$lock_note" 2>/dev/null || true)
+  if [ -n "$lock" ]; then PYTHONPATH="$ROOT" "$PY" -m utils.runlock release "$lock" $$ || true; fi
+  rm -f "$lock_note"
+}
+trap release_lock EXIT
 
 # Bad settings, a missing dataset or resume path, bad gs:// settings: one line from train.py now, not a
 # traceback from the launcher after the workers started. A gs:// --data is synced here, once per machine and
 # outside any process group (no rank waits on it); the preflight prints the local folder the run then reads.
-synced=$("$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --preflight) || exit $?
+synced=$(PICONEOX_RUN_LOCK_NOTE=$lock_note "$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --preflight \
+  --processes "$total") || exit $?
 if [ -n "$synced" ]; then
   cmd+=(--data "$synced")
-  echo "data synced to $synced; running: $(printf '%q ' "${envs[@]}" "${cmd[@]}")"
+  echo "data synced to $synced"
 fi
+echo "start_training.sh: $total training process(es) under accelerate launch (--dry-run prints the command)"
 
 # Run as a child in its own process group, so a terminal's Ctrl-C reaches only this script, and forward
-# Ctrl-C/SIGTERM to the training processes themselves (the launcher's children): each saves and exits 0,
-# and the launcher then exits 0 too. Signalled itself, accelerate's launcher would die at once with a
-# traceback (or torchrun would report the workers as failed) while train.py is still saving.
+# Ctrl-C/SIGTERM/SIGHUP to the training processes themselves (the launcher's children): each saves and exits
+# 0, and the launcher then exits 0 too. Signalled itself, accelerate's launcher would die at once with a
+# traceback (or torchrun would report the workers as failed) while train.py is still saving. utils/lifeline.py
+# binds accelerate to this script (SIGTERM when it dies, e.g. by SIGKILL), and each train.py to accelerate.
 set -m
-env "${envs[@]}" "${cmd[@]}" &
+# the run does not repeat the preflight's warnings (PICONEOX_PREFLIGHT_PASSED)
+"$PY" "$ROOT/utils/lifeline.py" $$ env PICONEOX_PREFLIGHT_PASSED=1 "${envs[@]}" "${cmd[@]}" &
 child=$!
 # The pids whose parent is $1, read from /proc (slim images have no pgrep).
 children_of() {
@@ -231,8 +257,10 @@ children_of() {
 }
 forward() {
   local workers
+  # SIGHUP: the terminal is gone and writing to it would fail; the run's training.log keeps everything.
+  if [ "$1" = HUP ] && [ -c "/proc/$$/fd/2" ]; then exec >/dev/null 2>&1 </dev/null; fi
   workers=$(children_of "$child")
-  echo "start_training.sh: SIG$1: asking the run to save and stop (a second Ctrl-C stops at once)" >&2
+  echo "start_training.sh: SIG$1: asking the run to save and stop (a second Ctrl-C stops at once)" >&2 || true
   if [ -n "$workers" ]; then
     kill -s "$1" $workers 2>/dev/null || true
   else  # not started yet: nothing to save
@@ -241,6 +269,7 @@ forward() {
 }
 trap 'forward INT' INT
 trap 'forward TERM' TERM
+trap 'forward HUP' HUP
 status=0
 while true; do
   wait "$child" && status=0 || status=$?

@@ -58,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--preflight", action="store_true", help="check every setting, sync a gs:// --data into "
                    "data/gcs-cache/<host>/, print that folder and exit (start_training.sh runs it once per machine)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan (default 1)")
+    p.add_argument("--processes", type=int, metavar="N", help="with --preflight: the training processes the launch "
+                   "starts (the global batch must divide over them; start_training.sh passes it)")
     p.add_argument("--no-background-upload", dest="background_upload", action="store_const", const="false",
                    help="= --set run.background_upload=false: write and upload checkpoints synchronously")
     for flag, key in RUN_FLAGS.items():
@@ -107,26 +109,35 @@ def with_init_from(cfg):
     return replace(cfg, model=ModelConfig.from_hf(pretrained.hf_config)).validate(), pretrained
 
 
-def preflight(cfg, pretrained) -> Path | None:
+def preflight(cfg, pretrained, processes: int | None = None) -> Path | None:
     """Before the launch, no GPU: check output folders, --data, --init-from, --resume and gs:// credentials
     (configs/run.py checked the rest), then sync a gs:// --data into this machine's cache and return that folder."""
-    from utils import ckpt
-    from utils.ckpt.resume import check_new_run
+    from utils import ckpt, runlock
     from utils.data.shards import verify_dataset
     from utils.data.source import DATA_CACHE, check_data_arg, ensure_local
+    from utils.run_folders import check_new_run
+    from utils.trackers import check_wandb_login, parse_report_to
 
     if (local := check_data_arg(cfg.train)) is not None:
         dataset = verify_dataset(local)  # hashes the shards on first use; the launched run then finds them cached
         if pretrained:
             pretrained.check_dataset(local, dataset.tokenizer_sha256)
-    check_new_run(cfg.run.resume, *run_dirs(cfg)[1:])
+    if processes is not None and processes < 1:
+        raise PiconeoxError(f"--processes {processes}: must be at least 1")
+    if processes and not cfg.run.resume:  # known now: a resume keeps its checkpoint's global batch
+        cfg.train.for_world(processes)
     s = cfg.run
-    if s.credentials or any(u and u.startswith("gs://") for u in (cfg.train.data, s.checkpoint_bucket, s.resume)):
-        from utils.storage.gcs import resolve_credentials  # the Google clients only where gs:// is used
+    name, run_dir, log_dir = run_dirs(cfg)
+    with runlock.for_launcher(s.output_dir, name):  # held for the whole run unless a check here refuses it
+        check_new_run(s.resume, run_dir, log_dir)
+        if "wandb" in parse_report_to(s.report_to):
+            check_wandb_login()  # caught here, not after the model is built
+        if s.credentials or any(u and u.startswith("gs://") for u in (cfg.train.data, s.checkpoint_bucket, s.resume)):
+            from utils.storage.gcs import resolve_credentials  # the Google clients only where gs:// is used
 
-        resolve_credentials(s.credentials)  # the key loads; no bucket is read
-    if s.resume and s.resume != "auto" and not s.resume.startswith("gs://"):
-        ckpt.find_checkpoint(s.resume, resume=True, flag="--resume ", warn=lambda _: None)
+            resolve_credentials(s.credentials)  # the key loads; no bucket is read
+        if s.resume and s.resume != "auto" and not s.resume.startswith("gs://"):
+            ckpt.find_checkpoint(s.resume, resume=True, flag="--resume ", warn=lambda _: None)
     if cfg.train.data.startswith("gs://"):
         return ensure_local(cfg.train.data, DATA_CACHE, s.credentials)
     return None
@@ -169,17 +180,19 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
 
     from configs.model import build_model, count_parameters
     from configs.plan import model_flops_per_token, use_activation_checkpointing
-    from utils import ckpt
-    from utils.ckpt import resume
+    from utils import ckpt, runlock
+    from utils.ckpt import partials, resume
     from utils.ckpt.uploader import open_uploader
     from utils.data.source import local_dataset, make_loaders
     from utils.data.tokenizers import load_tokenizer
-    from utils.distributed import make_accelerator, weights_come_from_rank0
+    from utils.distributed import compile_layers, describe, make_accelerator, rank0_decides, weights_come_from_rank0
+    from utils.lifeline import GraceDeadline
     from utils.lm import auto_micro_batch
     from utils.metrics import MetricsWriter, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
     from utils.preemption import StopRequest
     from utils.progress import TrainReport, log_start
+    from utils.run_folders import claim_run_dirs, keep_earlier_best
     from utils.storage.sync import host_dir
     from utils.trackers import parse_report_to
 
@@ -196,16 +209,21 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     train_loader, val_loader = make_loaders(data_dir, tc, accelerator)
     cfg = replace(cfg, model=cfg.model.with_vocab(train_loader.vocab_size)).validate()
     name, run_dir, log_dir = run_dirs(cfg)
-    resume.claim_run_dirs(s.resume, run_dir, log_dir, accelerator.is_main_process)
+    runlock.hold_for_run(cleanup, s.output_dir, name, accelerator)  # every process, for as long as it writes
+    # refused before its first step, the run takes back what it created (utils/run_folders.py)
+    claim = claim_run_dirs(s.resume, run_dir, log_dir, accelerator.is_main_process, cleanup)
     log = setup_logging(log_dir / "training.log", accelerator.is_main_process)
     metrics = MetricsWriter(log_dir, accelerator.is_main_process, parse_report_to(s.report_to))
     cleanup.callback(metrics.close)  # on every exit path: flush TensorBoard, finish the W&B run
     stop = StopRequest(s.grace_seconds)
+    cleanup.enter_context(GraceDeadline(stop))  # a stop that cannot finish (a peer gone) ends after the grace
+    cleanup.enter_context(stop)  # from here SIGTERM/SIGINT/SIGHUP only ask for a clean stop (at the first micro-step)
     uploader = cleanup.enter_context(open_uploader(s, tc.keep_last, name, accelerator))
     # Where to resume (rank 0 decides, before anything heavy is built, so a bad path fails fast).
     resume_from = resume.agree(accelerator, s.resume, run_dir, uploader.store,
                                host_dir(Path(s.output_dir) / ".remote-cache"),  # output_dir may be shared: one each
                                s.credentials, s.grace_seconds, log)
+    uploader.saver.completed |= partials.clean_at_start(accelerator, run_dir, uploader.store, log)  # crashes' leftovers
     cfg, tokenizer_sha256 = resume.resumed_config(cfg, resume_from, accelerator.num_processes, data_dir)
     if pretrained:
         pretrained.check_dataset(data_dir, tokenizer_sha256)
@@ -235,7 +253,9 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
     scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
     model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
-    if tc.compile == "on" or (tc.compile == "auto" and cuda):
+    if (tc.compile == "on" or (tc.compile == "auto" and cuda)) and describe(accelerator) == "DDP":
+        compile_layers(accelerator.unwrap_model(model))  # one graph per layer, not one per DDP gradient bucket
+    elif tc.compile == "on" or (tc.compile == "auto" and cuda):
         model = torch.compile(model)  # after prepare(): saved keys never carry `_orig_mod.`
 
     state = ckpt.TrainerState()
@@ -250,9 +270,12 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     if state.step >= tc.max_steps:
         raise PiconeoxError(f"--max-steps {tc.max_steps}: the resumed run is already at step {state.step}; "
                             "raise --max-steps")
-    metrics.start(state.step, {**run_config, "run": {**run_config["run"], "name": name, "data_dir": str(data_dir),
-                                                     "parameters": n_params, "world_size": accelerator.num_processes,
-                                                     "device": accelerator.device.type}})
+    rank0_decides(lambda: metrics.start(state.step, {**run_config, "run": {
+        **run_config["run"], "name": name, "data_dir": str(data_dir), "parameters": n_params,
+        "world_size": accelerator.num_processes, "device": accelerator.device.type}}), accelerator.is_main_process)
+    claim.accept()  # every check passed: from here on the run's files stay
+    if accelerator.is_main_process and s.resume == "auto" and not resume_from:
+        keep_earlier_best(run_dir, log)
     report = TrainReport(metrics, log, total_steps=tc.max_steps, step=state.step,
                          tokens_per_step=tc.global_batch_tokens,
                          world=accelerator.num_processes, flops_per_token=model_flops_per_token(cfg.model, tc.seq_len),
@@ -344,8 +367,8 @@ def train(run: Run) -> str:
             improved = val < state.best_val_loss
             state.best_val_loss = min(val, state.best_val_loss)
             state.evals_without_improvement = 0 if improved else state.evals_without_improvement + 1
-            run.report.evaluated(state.step, loss, val, improved, state.evals_without_improvement)
-            if improved:
+            run.report.evaluated(state.step, loss, val, improved, state.evals_without_improvement, state.best_val_loss)
+            if improved and tc.best_and_final:
                 save(run, run.run_dir / "best", weights_only=True)
             if tc.patience and state.evals_without_improvement >= tc.patience:
                 return f"early stopping: no val improvement in {tc.patience} evaluations"
@@ -402,7 +425,9 @@ def finish(run: Run, reason: str) -> int:
 
     from utils import ckpt
     from utils.ckpt.uploader import UploadFailed
+    from utils import exit_status
     from utils.summary import log_sample, next_commands, where_things_are
+    from utils.upload_report import closing_word
 
     run.report.close()
     run.vote.close()
@@ -421,16 +446,24 @@ def finish(run: Run, reason: str) -> int:
         sample = log_sample(run.checkpointer.model, run.tokenizer, run.cfg.run.sample_prompt, tc.seed, log)
     run.uploader.close(timeout=stop.remaining())  # every rank's saver; no limit unless stopping on a signal
     check_uploads(run)
+    not_uploaded = None  # the exit-3 line when the run's newest checkpoint is not in the bucket
     if run.accelerator.is_main_process:
-        ckpt.publish_final(last, run.run_dir / "final", consolidate_weights=not preempted, log=log)
+        if tc.best_and_final:
+            ckpt.publish_final(last, run.run_dir / "final", consolidate_weights=not preempted, log=log)
         cuda = run.accelerator.device.type == "cuda"
         run.report.summary(state.step, reason, state.best_val_loss, run.log_dir, sample,
                            torch.cuda.max_memory_allocated() / 1e9 if cuda else None)
+        if run.uploader.store is not None:
+            not_uploaded = closing_word(run.uploader.store, run.run_dir, run.cfg.run.checkpoint_bucket,
+                                        run.cfg.run.credentials, log)
         log.info(where_things_are(run.run_dir, run.log_dir, run.cfg.run.log_dir))
-        log.info(next_commands(run.cfg.preset, run.run_dir, stopped=stop.stopping))
+        log.info(next_commands(run.cfg.preset, run.run_dir, stopped=stop.stopping,
+                               last=None if tc.best_and_final else last))
         run.metrics.close()
     run.accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     run.accelerator.end_training()
+    if not_uploaded:
+        return exit_status.finish(exit_status.NOT_UPLOADED, not_uploaded)
     if run.uploader.fatal:
         raise UploadFailed(run.uploader.fatal)
     return 0
@@ -443,7 +476,7 @@ def run(args) -> int:
 
     cfg, pretrained = with_init_from(resolve_config(args.config, args.config_file, overrides_from_args(args)))
     if args.preflight:
-        synced = preflight(cfg, pretrained)
+        synced = preflight(cfg, pretrained, args.processes)
         if synced is not None:
             print(synced)  # start_training.sh passes this folder as the run's --data
         return 0
@@ -454,7 +487,6 @@ def run(args) -> int:
         return 0
     with contextlib.ExitStack() as cleanup:
         r = setup(cfg, pretrained, cleanup, auto_batch=args.micro_batch_size == "auto")
-        cleanup.enter_context(r.stop)  # SIGTERM/SIGINT now only ask for a clean stop
         # Automatic gc would run at a different moment on every rank, and the others wait for it in the next
         # collective: the loop collects at the same steps everywhere instead (torchtitan does the same).
         gc.disable()
@@ -468,5 +500,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from utils.lifeline import bind_worker
+
+    bind_worker()  # SIGTERM (a clean stop) when the process that started this one dies
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.exit(main())

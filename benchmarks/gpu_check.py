@@ -122,7 +122,7 @@ def stage_kernels(out: Path, cpu: bool) -> None:
 def run_train(out: Path, name: str, cpu: bool, extra: list[str], fsdp: bool = False) -> tuple[bool, float, Path]:
     """One run of the check's preset via the launcher; returns (ok, wall seconds, its log dir)."""
     if cpu:
-        preset = ["--config", "test", "--gpus", "0", "--data", "demo", *(["--procs", "2"] if fsdp else []), "--",
+        preset = ["--config", "test", "--gpus", "0", "--data", "demo", "--",
                   "--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set", "model.num_heads=4",
                   "--set", "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4",
                   "--set", "train.tokenizer=byte", "--set", "train.tokenizer_vocab=null", "--compile", "off"]
@@ -135,12 +135,14 @@ def run_train(out: Path, name: str, cpu: bool, extra: list[str], fsdp: bool = Fa
                                                           str(ROOT / "configs/accelerate/fsdp_production.yaml")]
     cmd = [str(ROOT / "start_training.sh"), *preset, "--set", "train.grad_accum_steps=1",
            "--set", "train.global_batch_tokens=0", "--log-every", "1", "--warmup-steps", "2", "--keep-last", "1",
+           "--set", "train.best_and_final=false",  # one checkpoint on disk per run (17 GB at 1.2B), nothing else
            "--report-to", "none", "--output-dir", str(out / "ckpt"), "--log-dir", str(out / "logs"),
            "--run-name", name, *extra]
     if "--resume" not in extra:  # a stage run again in the same DIR starts its runs afresh
         for folder in (out / "ckpt" / name, out / "logs" / name):
             shutil.rmtree(folder, ignore_errors=True)
-    env = {**os.environ, "TORCH_LOGS": "recompiles,graph_breaks", "PICONEOX_CPU_FSDP": "1" if fsdp else "0"}
+    env = {**os.environ, "TORCH_LOGS": "recompiles,graph_breaks", "PICONEOX_CPU_FSDP": "1" if fsdp else "0",
+           **({"OMP_NUM_THREADS": "1"} if cpu else {})}  # a tiny model gains nothing from threads (they spin)
     start = time.monotonic()
     with open(out / f"{name}.out", "w") as log:
         proc = subprocess.run(cmd, cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=480)
@@ -193,45 +195,52 @@ def blocked_seconds(log_dir: Path) -> float | None:
 
 def stage_save(out: Path, cpu: bool, steps: int) -> None:
     """One save mid-run (keep_last 1): blocking seconds, write and crc32c GB/s, step time while writing, staged GB;
-    the resumed loss curve against a second straight run (the noise floor, not zero: GPU kernels vary)."""
+    the resumed loss curve against a second straight run (the noise floor, not zero: GPU kernels vary): the train
+    stage's base run when this DIR has one of the same length, else a run of its own."""
     from utils import ckpt
     from utils.crc import crc32c_file
 
     every = steps // 2
     common = ["--max-steps", str(steps), "--eval-every", str(10 * steps)]
-    _, _, a = run_train(out, "save-a", cpu, [*common, "--save-every", str(every)])
-    _, _, b = run_train(out, "save-b", cpu, [*common, "--save-every", str(10 * steps)])
+    # keep_last 2: the end-of-run save would rotate out the mid-run checkpoint that the resume starts from (34 GB
+    # at 1.2B, the most the check ever holds on disk)
+    _, _, a = run_train(out, "save-a", cpu, [*common, "--save-every", str(every), "--keep-last", "2"])
+    straight = history(out / "logs" / "train-base")  # the train stage's base run has exactly these settings
+    if max(straight, default=0) != steps:  # no train stage in this DIR (or another --steps): a run of its own
+        straight = history(run_train(out, "save-b", cpu, [*common, "--save-every", str(10 * steps)])[2])
+        shutil.rmtree(out / "ckpt" / "save-b", ignore_errors=True)
     folder = out / "ckpt" / "save-a" / ckpt.step_dir_name(every)
-    shutil.rmtree(out / "ckpt" / "save-b", ignore_errors=True)
     rows, text, blocking = history(a), (a / "training.log").read_text(), blocked_seconds(a)  # before the resume appends
-    _, _, r = run_train(out, "save-a", cpu, [*common, "--save-every", str(10 * steps), "--resume", str(folder)])
-    write = re.search(rf"saved checkpoint \S+{ckpt.step_dir_name(every)} \(([\d.]+) s\)", text)
     shards = [p for p in folder.glob("*.distcp")] if folder.is_dir() else []
     size = sum(p.stat().st_size for p in folder.iterdir()) if folder.is_dir() else 0
+    staged = sum(p.stat().st_size for p in shards)
     start = time.monotonic()
     for p in shards:
         crc32c_file(p)
     crc_s = time.monotonic() - start
+    # the resume's own end-of-run save (keep_last 1) rotates `folder` out: measured above
+    _, _, r = run_train(out, "save-a", cpu, [*common, "--save-every", str(10 * steps), "--resume", str(folder)])
+    write = re.search(rf"saved checkpoint \S+{ckpt.step_dir_name(every)} \(([\d.]+) s\)", text)
     quiet = [rows[s]["train/step_time_s"] for s in rows if s > 2 and s not in (every + 1, every + 2)]
     busy = [rows[s]["train/step_time_s"] for s in (every + 1, every + 2) if s in rows]
-    staged = sum(p.stat().st_size for p in shards)
     record(out, "save", blocking_s=blocking, write_s=float(write.group(1)) if write else None,
            write_gb_per_s=size / GB / float(write.group(1)) if write and float(write.group(1)) > 0 else None,
            crc32c_gb_per_s=staged / GB / crc_s if crc_s > 0 else None,
            step_ratio_during_write=statistics.median(busy) / statistics.median(quiet) if busy and quiet else None,
            staged_gb=staged / GB, checkpoint_gb=size / GB,
-           resume_max_dloss=max_dloss(history(r), history(b), every),
-           noise_floor_max_dloss=max_dloss(rows, history(b), 0))
+           resume_max_dloss=max_dloss(history(r), straight, every),
+           noise_floor_max_dloss=max_dloss(rows, straight, 0))
     shutil.rmtree(out / "ckpt", ignore_errors=True)
 
 
 def stage_fsdp(out: Path, cpu: bool, steps: int) -> None:
-    """FSDP2 with configs/accelerate/fsdp_production.yaml (1 GPU; 2 gloo ranks in CPU mode): save and resume."""
+    """FSDP2 with configs/accelerate/fsdp_production.yaml on 1 GPU (CPU mode: 1 process, a gloo group of one; 2 ranks
+    are tests/test_distributed.py's): save and resume."""
     from utils import ckpt
 
     every = steps // 2
     common = ["--max-steps", str(steps), "--eval-every", str(10 * steps)]
-    ok, _, a = run_train(out, "fsdp", cpu, [*common, "--save-every", str(every)], fsdp=True)
+    ok, _, a = run_train(out, "fsdp", cpu, [*common, "--save-every", str(every), "--keep-last", "2"], fsdp=True)
     folder = out / "ckpt" / "fsdp" / ckpt.step_dir_name(every)
     size = sum(p.stat().st_size for p in folder.iterdir()) / GB if folder.is_dir() else None
     ok_r, _, r = run_train(out, "fsdp-resumed", cpu, [*common, "--save-every", str(10 * steps), "--resume",
@@ -249,10 +258,10 @@ def main(argv=None) -> int:
     p.add_argument("stage", choices=[*STAGES, "all"])
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--cpu-smoke", action="store_true")
-    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20 on a GPU, 4 on CPU)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20 on a GPU, 6 on CPU)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    steps = args.steps or (4 if args.cpu_smoke else 20)
+    steps = args.steps or (6 if args.cpu_smoke else 20)  # 6: quiet steps on both sides of the mid-run save
     for name in STAGES if args.stage == "all" else [args.stage]:
         fn = STAGES[name]
         fn(args.out, args.cpu_smoke) if name in ("env", "kernels") else fn(args.out, args.cpu_smoke, steps)

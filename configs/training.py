@@ -55,6 +55,10 @@ class TrainConfig(ConfigBase):
     """Stop after this many evaluations without a better val loss; 0 disables early stopping."""
     save_every: int = 200
     keep_last: int = 3
+    best_and_final: bool = True
+    """Also write best/ (the weights at each new best val loss) and, at the end, final/ (the last step plus its
+    weights consolidated for from_pretrained). False keeps only the keep_last step-XXXXXXXX/ checkpoints: at 1.2B
+    that is one 17 GB checkpoint instead of three writes (benchmarks/gpu_check.sh sets it, for a 64 GB disk)."""
     max_training_hours: float = 0.0
     """Save and exit cleanly after this many hours; 0 means no limit."""
     mixed_precision: str = "no"

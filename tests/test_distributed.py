@@ -74,7 +74,7 @@ def two_and_one(tmp_path_factory, tiny_data):
 def test_two_processes_match_one_with_the_same_global_batch(two_and_one):
     _, losses2, proc2 = two_and_one["two"]
     _, losses1 = two_and_one["one"]
-    assert "--num_processes 2" in proc2.stdout and "2 process(es)" in proc2.stderr
+    assert "2 training process(es) under accelerate launch" in proc2.stdout and "2 process(es)" in proc2.stderr
     assert len(losses2) == len(losses1) == 12
     assert max(abs(a - b) for a, b in zip(losses2, losses1)) < 1e-4  # gloo all-reduce order vs one sum
 
@@ -240,6 +240,6 @@ def test_launcher_syncs_gs_data_once_per_machine_before_the_launch(tmp_path, tin
     upload_tree(tiny_data, open_storage(gcs_emulator.url("data/tiny"), timeout_s=5), progress=False)
     _, proc = launch(tmp_path, gcs_emulator.url("data/tiny"), 2, 4, "--max-steps", "2")
     local = f"data/gcs-cache/{socket.gethostname()}/{gcs_emulator.bucket}/data/tiny"
-    assert f"data synced to {local}; running:" in proc.stdout
+    assert f"data synced to {local}\n" in proc.stdout
     assert f"data {local} (vocab 256" in (tmp_path / "logs" / "run" / "training.log").read_text()
     assert (tmp_path / local / "manifest.json").is_file()

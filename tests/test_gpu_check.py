@@ -22,6 +22,9 @@ def test_cpu_smoke_runs_every_stage_with_the_gpu_keys(tmp_path):
     assert by["save"]["resume_max_dloss"] < 1e-4  # CPU runs are deterministic: the noise floor is 0
     assert by["fsdp"]["ok"] and by["fsdp"]["resume_max_dloss"] < 1e-4
     assert not (tmp_path / "ckpt").exists()  # the check leaves no checkpoint behind (disk on a lent box)
+    for name in ("save-a", "fsdp"):  # train.best_and_final=false: the step checkpoints only (finding 2)
+        text = (tmp_path / f"{name}.out").read_text()
+        assert "saved checkpoint" in text and "/best" not in text and "/final" not in text, name
 
 
 def test_gpu_mode_refuses_without_cuda_in_one_line(tmp_path):

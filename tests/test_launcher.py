@@ -28,11 +28,11 @@ def parse_line(line: str):
     while "=" in words[0]:
         key, _, value = words.pop(0).partition("=")
         envs[key] = value
-    assert words[1:3] == ["-m", "accelerate.commands.launch"], line
+    assert words[1].endswith("utils/launch.py"), line
     script = next(i for i, w in enumerate(words) if w.endswith("train.py"))
     from accelerate.commands.launch import launch_command_parser
 
-    launch = launch_command_parser().parse_args(words[3:script + 1])
+    launch = launch_command_parser().parse_args(words[2:script + 1])
     return envs, launch, words[script + 1:]
 
 
@@ -62,6 +62,17 @@ def test_procs_2_uses_the_gloo_recipe_not_cpu_flag():
     assert envs["ACCELERATE_USE_CPU"] == "true"
     assert envs["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "120"  # room for train.py's save on a signal
     assert envs["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 2))
+
+
+def test_one_cpu_process_with_cpu_fsdp_gets_a_process_group_as_one_gpu_would(monkeypatch):
+    # FSDP2 needs a group even of one: `--cpu` would start a plain process (gpu_check's CPU mode relies on this)
+    monkeypatch.setenv("PICONEOX_CPU_FSDP", "1")
+    config = str(REPO / "configs/accelerate/fsdp_production.yaml")
+    envs, launch, _ = launched("--config", "test", "--gpus", "0", "--accelerate-config", config)
+    assert not launch.cpu and launch.num_processes == 1 and launch.config_file == config
+    assert envs["ACCELERATE_USE_CPU"] == "true" and launch.main_process_port == 0
+    monkeypatch.delenv("PICONEOX_CPU_FSDP")
+    assert launched("--config", "test", "--gpus", "0", "--accelerate-config", config)[1].cpu
 
 
 def test_gpus_asked_with_no_gpu_visible_is_an_error_not_a_cpu_run():
@@ -199,6 +210,7 @@ def stop(signum, frame):  # like train.py: a save that takes a moment, then a cl
     sys.exit(0)
 signal.signal(signal.SIGTERM, stop)
 signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGHUP, stop)
 if "--distributed" in sys.argv:
     from accelerate import Accelerator
     acc = Accelerator()
@@ -226,12 +238,13 @@ num_processes: 1
 
 @pytest.fixture
 def sandbox(tmp_path):
-    """A launcher copy whose train.py is the stand-in; .venv and configs/ link to the repo's, and HF_HOME
+    """A launcher copy whose train.py is the stand-in; .venv, configs/ and utils/ link to the repo's, and HF_HOME
     holds a stale accelerate default config the launcher must not be affected by."""
     (tmp_path / "start_training.sh").write_text(LAUNCHER.read_text())
     (tmp_path / "train.py").write_text(STAND_IN)
     (tmp_path / ".venv").symlink_to(REPO / ".venv")
     (tmp_path / "configs").symlink_to(REPO / "configs")
+    (tmp_path / "utils").symlink_to(REPO / "utils")  # utils/launch.py: accelerate launch with the run's exit code
     (tmp_path / "hf" / "accelerate").mkdir(parents=True)
     (tmp_path / "hf" / "accelerate" / "default_config.yaml").write_text(STALE_DEFAULT_CONFIG)
     (tmp_path / "out").mkdir()
@@ -254,7 +267,8 @@ def test_procs_2_really_starts_two_ranks_in_one_process_group(sandbox):
     assert [r.read_text() for r in ranks] == ["0 2 cpu 2 1", "1 2 cpu 2 1"]
 
 
-@pytest.mark.parametrize("sig,procs", [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGTERM, 2)])
+@pytest.mark.parametrize("sig,procs", [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGHUP, 1), (signal.SIGTERM, 2),
+                                       (signal.SIGHUP, 2)])
 def test_signal_reaches_the_training_processes_and_the_launcher_waits_for_their_clean_exit(sandbox, sig, procs):
     proc = start(sandbox, "--gpus", "0", "--procs", str(procs))
     pid_files = [sandbox / "out" / f"pid-{rank}" for rank in range(procs)]

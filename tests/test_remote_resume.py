@@ -1,6 +1,7 @@
 """Resuming from the bucket and from damaged local folders; kill -9 at random points loses nothing."""
 import json
 import random
+import shlex
 import shutil
 import socket
 import subprocess
@@ -140,10 +141,73 @@ def test_bucket_down_at_start_resumes_locally_and_training_goes_on(tmp_path, tin
                                 "--resume", "auto", "--checkpoint-bucket", "gs://piconeox-down/ckpt",
                                 "--grace-seconds", "1")
     log = (tmp_path / "logs" / "run" / "training.log").read_text()
-    assert code == 0 and len(losses) == 12
+    assert code == 3 and len(losses) == 12  # trained, but its newest checkpoint is not in the bucket (issue 24 item 3)
+    assert "bucket gs://piconeox-down/ckpt/run: cannot list it" in log
+    assert "not confirmed there: step-00000005, step-00000010, step-00000012" in log
     assert "--resume auto: could not list gs://piconeox-down/ckpt/run, using local checkpoints only" in log
     assert f"resumed from {run_dir / 'step-00000010'} at step 10" in log
     assert "step-00000012: upload failed" in log and "(1 failure(s) in a row, 1 in total; fatal at 3)" in log
     assert ckpt.check_complete(run_dir / "step-00000012") is None
     history = json.loads((tmp_path / "logs" / "run" / "history.json").read_text())
     assert [h["upload/failures"] for h in history if "upload/failures" in h] == [1]  # also in TensorBoard
+
+
+def test_a_checkpoint_that_never_reached_a_directory_bucket_exits_3_and_push_finishes_it(tmp_path, tiny_data, capsys):
+    """Issue 24 item 3 (a directory as --checkpoint-bucket), issue 21 item 8 (no best/ suggested when none exists)."""
+    from utils import push_checkpoint
+    from utils.ckpt.remote import newest_verified
+
+    bucket = tmp_path / "bucket"
+    bucket.write_text("a file where the bucket folder should be: every upload fails")
+    # a time limit stops it before its first evaluation (the one at --max-steps)
+    code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "1000", "--save-every", "2", "--eval-every", "1000",
+                                "--max-training-hours", "0.0005", "--checkpoint-bucket", str(bucket),
+                                "--max-upload-failures", "1000", "--grace-seconds", "1")
+    err = capsys.readouterr().err
+    log = (tmp_path / "logs" / "run" / "training.log").read_text()
+    last = ckpt.step_dir_name(len(losses))
+    assert code == 3 and f"stopped at step {len(losses)}: time limit" in log
+    assert f"bucket {bucket}/run: " in log and f"{last}" in log.split(f"bucket {bucket}/run: ")[1].splitlines()[0]
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: {last} never reached {bucket}/run; upload it with: ")
+    assert f"utils/push_checkpoint.py {run_dir} --checkpoint-bucket {bucket}" in line
+    next_block = log.split("next:", 1)[1]
+    assert "/best" not in next_block and f"utils.generate {run_dir / 'final'}" in next_block  # no eval ran: no best/
+
+    bucket.unlink()  # the bucket is back: the printed command, as printed, from another folder, finishes the upload
+    done = subprocess.run(shlex.split(line.split("upload it with: ", 1)[1]), cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert done.returncode == 0 and done.stdout.startswith("uploaded "), done.stderr
+    assert newest_verified(open_storage(str(bucket)).child("run"), {len(losses): True}, print)[0] == len(losses)
+    assert push_checkpoint.main([str(run_dir), "--checkpoint-bucket", str(bucket)]) == 0
+    assert "was already there, verified" in capsys.readouterr().out
+    code, _, _ = run(tmp_path, tiny_data, "--max-steps", str(len(losses) + 1), "--checkpoint-bucket", str(bucket),
+                     "--resume", "auto")
+    log = (tmp_path / "logs" / "run" / "training.log").read_text()
+    newest = ckpt.step_dir_name(len(losses) + 1)
+    # exit 0: the newest is there (an older local step of the first attempt is still listed as never arrived)
+    assert code == 0 and f"bucket {bucket}/run: newest verified checkpoint {newest}" in log
+
+
+def test_auto_skips_a_damaged_bucket_step_and_keeps_an_earlier_best(tmp_path, tiny_data):
+    """Issue 21 item 11: an object of the newest bucket step that no longer matches its marker's crc32c makes
+    --resume auto fall back to the previous complete bucket step, as locally. Item 10: a --resume auto that finds
+    nothing starts fresh without replacing the earlier attempt's best/."""
+    bucket = tmp_path / "bucket"
+    code, _, run_dir = run(tmp_path / "a", tiny_data, "--max-steps", "4", "--save-every", "2", "--eval-every", "2",
+                           "--checkpoint-bucket", str(bucket))
+    assert code == 0
+    damaged = bucket / "run" / "step-00000004" / "trainer.json"
+    damaged.write_bytes(damaged.read_bytes().replace(b"4", b"5", 1))  # same size, other bytes
+    code, losses, _ = run(tmp_path / "b", tiny_data, "--max-steps", "5", "--save-every", "100", "--eval-every", "100",
+                          "--resume", "auto", "--checkpoint-bucket", str(bucket))
+    log = (tmp_path / "b" / "logs" / "run" / "training.log").read_text()
+    assert code == 0 and f"skipping bucket checkpoint {bucket}/run/step-00000004: trainer.json has" in log
+    assert "at step 2 (" in log and len(losses) == 5  # history of steps 1-2 from the checkpoint, then 3-5
+
+    best = {p.name: p.read_bytes() for p in (run_dir / "best").iterdir()}
+    for folder in [*run_dir.glob("step-*"), run_dir / "final"]:  # as if stopped before its first checkpoint
+        shutil.rmtree(folder)
+    code, _, _ = run(tmp_path / "a", tiny_data, "--max-steps", "2", "--eval-every", "1", "--resume", "auto")
+    (kept,) = run_dir.glob("best-earlier-*")
+    assert code == 0 and {p.name: p.read_bytes() for p in kept.iterdir()} == best and (run_dir / "best").is_dir()

@@ -204,3 +204,27 @@ def test_no_credentials_is_a_clear_error_without_network(tmp_path, monkeypatch):
     with pytest.raises(PiconeoxError, match="no Google Cloud credentials found.*--credentials"):
         open_storage("gs://some-bucket/data")
     assert time.monotonic() - start < 5
+
+
+def test_the_key_mode_warning_comes_once_not_again_in_the_launched_run(gcs_emulator, tmp_path, caplog, monkeypatch):
+    """Issue 24 item 6: the preflight warns; later opens in that process and the run start_training.sh launches
+    after it (PICONEOX_PREFLIGHT_PASSED) do not repeat it."""
+    import utils.storage.gcs as storage_module
+
+    key = tmp_path / "key.json"
+    key.write_text(json.dumps(service_account_key()))
+    key.chmod(0o644)
+    monkeypatch.setattr(storage_module, "_mode_warned", set())
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):  # e.g. the --data sync, the --checkpoint-bucket and a gs:// --resume
+            open_storage(gcs_emulator.url("data"), str(key))
+    assert caplog.text.count("readable by other users") == 1
+    caplog.clear()
+    monkeypatch.setattr(storage_module, "_mode_warned", set())
+    monkeypatch.setenv("PICONEOX_PREFLIGHT_PASSED", "1")
+    with caplog.at_level(logging.WARNING):
+        open_storage(gcs_emulator.url("data"), str(key))
+    assert "readable by other users" not in caplog.text
+    from tests.conftest import REPO
+
+    assert "PICONEOX_PREFLIGHT_PASSED=1" in (REPO / "start_training.sh").read_text()

@@ -1,5 +1,6 @@
 """--report-to: every logged scalar reaches every tracker; W&B offline; TensorBoard config/sample text and hparams."""
 import json
+import re
 import struct
 
 import pytest
@@ -82,12 +83,47 @@ def test_every_tracker_gets_every_scalar_the_config_and_the_sample(tmp_path, tin
     text = {tag: acc.Tensors(tag)[-1].tensor_proto.string_val[0].decode() for tag in acc.Tags()["tensors"]}
     assert "learning_rate: 0.003" in text["config/text_summary"]
     assert text["sample/text_summary"].lstrip().startswith("Once upon a time")
-    (hparams_dir,) = [p.parent for p in logs.glob("*/events.out.tfevents*")]
-    acc = EventAccumulator(str(hparams_dir))
-    acc.Reload()
     content = acc.SummaryMetadata("_hparams_/session_start_info").plugin_data.content
     hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
-    assert hparams["model.hidden_size"].number_value == 32 and hparams["train.data"].string_value == str(tiny_data)
+    assert hparams["model.hidden_size"].string_value == "32" and hparams["train.data"].string_value == str(tiny_data)
+
+
+def test_tensorboard_compares_runs_by_val_loss_in_one_run_per_run(tmp_path, tiny_data):
+    """Issue 24 item 5 / issue 21 item 9, read with TensorBoard's own multiplexer and hparams plugin data."""
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+    from tensorboard.plugins.hparams import metadata
+    from tensorboard.util import tensor_util
+
+    code, _, _ = run(tmp_path, tiny_data, "--max-steps", "4", "--eval-every", "2", "--report-to", "tensorboard")
+    assert code == 0
+    logs = tmp_path / "logs"
+    assert not [p for p in (logs / "run").rglob("events.out.tfevents*") if p.parent != logs / "run"]  # no sub-run
+    mux = EventMultiplexer().AddRunsFromDirectory(str(logs))
+    mux.Reload()
+    assert sorted(mux.Runs()) == ["run"]
+    content = mux.PluginRunToTagToContent(metadata.PLUGIN_NAME)["run"]
+    experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
+    assert [m.name.tag for m in experiment.metric_infos] == ["val/loss", "val/best_loss"]
+    shown = sorted((not h.differs, h.name) for h in experiment.hparam_infos)[:5]  # what the HParams tab ticks
+    assert {name for _, name in shown} == {"model.hidden_size", "model.num_layers", "preset", "run.parameters",
+                                          "train.learning_rate"}
+    session = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+    assert session.hparams["model.num_layers"].string_value == "1"  # shown as 1, not as the number 1.0000
+    assert session.hparams["train.learning_rate"].number_value == 3e-3
+    assert "train.data_tokenizer_sha256" not in {name for _, name in shown}
+    scalars = set(mux.PluginRunToTagToContent("scalars")["run"])
+    assert {"val/loss", "val/best_loss"} <= scalars and "train/tokens_per_s_per_device" not in scalars  # one process
+
+    def values(tag):
+        return [tensor_util.make_ndarray(e.tensor_proto).item() for e in mux.Tensors("run", tag)]
+
+    best, val = values("val/best_loss"), values("val/loss")
+    assert len(best) == 2 and best == [min(val[:i + 1]) for i in range(len(best))]
+    sample = mux.Tensors("run", "sample/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert max(len(line) for line in sample.splitlines()) <= 104  # wrapped: 100 characters plus the block's indent
+    log = (logs / "run" / "training.log").read_text()
+    block = re.split(r"\n\d{4}-\d\d-\d\d ", log.split("sample:\n", 1)[1])[0]  # up to the next log line
+    assert block.startswith("Once upon a time") and max(len(line) for line in block.splitlines()) <= 100
 
 
 @pytest.mark.parametrize("report_to,message", [
@@ -117,3 +153,43 @@ def test_wandb_without_login_is_one_line(tmp_path, tiny_data, capsys, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and losses == []
     assert err[-1].startswith("error: --report-to wandb: No API key configured") and "WANDB_MODE=offline" in err[-1]
+
+
+def test_wandb_without_login_is_caught_by_the_preflight(tmp_path, tiny_data, capsys, monkeypatch):
+    """Issue 21 item 13: before the launch (no model built), the same line the run itself would give."""
+    import train
+    import wandb
+    from tests.test_train import TINY
+
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    wandb.teardown()
+    try:
+        code = train.main([*TINY, "--data", str(tiny_data), "--preflight", "--report-to", "wandb"])
+        monkeypatch.setenv("WANDB_MODE", "offline")
+        offline = train.main([*TINY, "--data", str(tiny_data), "--preflight", "--report-to", "wandb"])
+    finally:
+        wandb.teardown()
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: --report-to wandb: No API key configured; log in with `wandb login`")
+    assert len(err.splitlines()) == 1 and offline == 0
+
+
+def test_a_resumed_wandb_run_says_what_happens_to_the_steps_past_its_checkpoint(tmp_path, caplog):
+    """Issue 21 item 12: W&B keeps only increasing steps; the log says which values a resume cannot replace."""
+    import wandb
+
+    from utils.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path / "logs" / "r", True, ("wandb",))
+    writer.load_state_dict({"history": [{"step": 10, "train/loss": 2.0}], "tracker_run_ids": {"wandb": "abc123"}})
+    try:
+        with caplog.at_level("INFO", logger="piconeox"):
+            writer.start(10, {"preset": "test"})
+    finally:
+        writer.close()
+        wandb.teardown()
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("W&B run abc123")]
+    assert "logs again from step 11" in line and "keep that attempt's values" in line

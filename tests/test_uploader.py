@@ -196,7 +196,7 @@ def test_keeps_last_n_remote_and_local_and_ignores_incomplete(trainer, tmp_path,
             assert uploader.flush(timeout=60)
         assert all(r.ok for r in uploader.poll())
     steps = remote_steps(store)
-    assert steps == {1: False, 8: True, 10: True}  # older complete ones pruned, the foreign incomplete one kept
+    assert steps == {8: True, 10: True}  # older complete ones pruned, the partial one too (older than step 2)
     assert [s for s, _ in ckpt.step_folders(run_dir)] == [6, 8, 10]
     assert latest_loads(store, tmp_path / "cache") == 10
 

@@ -12,6 +12,8 @@ import functools
 import sys
 from typing import Callable
 
+from utils import exit_status
+
 
 class PiconeoxError(Exception):
     """A user-fixable problem, reported as one line without a traceback."""
@@ -38,11 +40,9 @@ def cli(main: Callable[..., int | None]) -> Callable[..., int]:
         try:
             return main(argv) or 0
         except Interrupted as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 130
-        except PiconeoxError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return exit_status.finish(exit_status.INTERRUPTED, f"error: {e}")
+        except PiconeoxError as e:  # under utils/launch.py the launcher prints it once, for every rank
+            return exit_status.finish(exit_status.REFUSED, f"error: {e}")
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)
             return 130

@@ -2,7 +2,7 @@
 
 Written with the `gguf` library, not llama.cpp's converter: that converter knows only published tokenizers
 (every model trained here has its own) and reads only the legacy rotary keys. What llama.cpp needs, per
-tokenizer kind (utils.tokenizers):
+tokenizer kind (utils.data.tokenizers):
 - bpe and byte: the token texts are already GPT-2 byte-level strings; pre-tokenizer `gpt-2`, the BPE merges.
 - char: HF has no pre-tokenizer and one token per character, so each text is written byte-level encoded
   (a raw " " would never match) and a multi-byte character gets the merges that join its bytes.

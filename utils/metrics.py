@@ -89,6 +89,12 @@ class MetricsWriter:
             self.trackers.append(tracker)
             if run_id:
                 self._run_ids[name] = run_id
+        if "wandb" in self.report_to and self._purge_step is not None:
+            logging.getLogger("piconeox").info(
+                f"W&B run {self._run_ids.get('wandb')}: this resume logs again from step {self._purge_step}; W&B "
+                "keeps only increasing steps, so steps the interrupted attempt logged past its checkpoint keep that "
+                "attempt's values there and this attempt's values for them are dropped (TensorBoard and history.json "
+                "hold this attempt's)")
         if config:
             self.text(step, "config", yaml.safe_dump(config, sort_keys=False))
 

@@ -1,6 +1,7 @@
-"""Clean stops on SIGTERM/SIGINT: save, flush the upload and exit 0 within a grace budget.
+"""Clean stops on SIGTERM/SIGINT/SIGHUP: save, flush the upload and exit 0 within a grace budget.
 
-Preemptible VMs get SIGTERM about 30 s before they vanish; Ctrl-C sends SIGINT. The handler only sets a
+Preemptible VMs get SIGTERM about 30 s before they vanish; Ctrl-C sends SIGINT; a closed terminal or a
+dropped ssh session sends SIGHUP (ignored under nohup, which stays so). The handler only sets a
 flag (little else is safe inside a signal handler). Each rank may see the signal at a different moment, so
 the training loop asks a `StopVote` at every micro-step and evaluation batch: it all-reduces the flags of
 all ranks in the background and answers one call later, so every rank stops at the same micro-step and
@@ -23,7 +24,7 @@ import time
 
 from utils.errors import PiconeoxError
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def check_grace_seconds(grace_seconds: float) -> None:
@@ -49,10 +50,12 @@ class StopRequest:
         self._previous: dict[int, object] = {}
 
     def install(self) -> StopRequest:
-        """Handle SIGTERM and SIGINT until `uninstall()`; a no-op off the main thread (signals go there only)."""
+        """Handle SIGTERM, SIGINT and SIGHUP until `uninstall()`; a no-op off the main thread (signals go there
+        only). A signal ignored at start (SIGHUP under nohup) stays ignored."""
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def uninstall(self) -> None:
@@ -70,6 +73,10 @@ class StopRequest:
     def _handle(self, signum: int, frame) -> None:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the clean stop
+        if signum == signal.SIGHUP:
+            from utils.lifeline import detach_terminal
+
+            detach_terminal()  # its terminal is gone: writing there would fail the save
         self.request(f"{signal.Signals(signum).name} received")
 
     def request(self, reason: str) -> None:

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from utils.errors import PiconeoxError
+from utils.tb_hparams import write_hparams
 
 DEFAULT_REPORT_TO = "tensorboard"
 
@@ -43,6 +44,29 @@ def parse_report_to(value: str) -> tuple[str, ...]:
     return names
 
 
+WANDB_LOGIN_HINT = ("; log in with `wandb login` or WANDB_API_KEY, or set WANDB_MODE=offline and upload later with "
+                    "`wandb sync`")
+
+
+def check_wandb_login() -> None:
+    """--report-to wandb, before the launch: W&B must start without a prompt, so offline/disabled mode or a key
+    for its host (WANDB_API_KEY, `wandb login`'s ~/.netrc), found as wandb.init finds it (the key is not sent)."""
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return
+    try:
+        import wandb
+        from wandb.sdk.lib.wbauth.authenticate import authenticate_session
+    except ImportError:  # another W&B version: the run's own start reports it, one step later
+        return
+    try:
+        found = authenticate_session(host=wandb.setup().settings.base_url, source="piconeox", prompt=False,
+                                     update_session=False)
+    except Exception as e:  # a key in a bad format
+        raise PiconeoxError(f"--report-to wandb: {str(e).splitlines()[0].rstrip('.')}{WANDB_LOGIN_HINT}") from None
+    if found is None:
+        raise PiconeoxError(f"--report-to wandb: No API key configured{WANDB_LOGIN_HINT}")
+
+
 def make_tracker(name: str, log_dir: Path, purge_step: int | None, run_id: str | None):
     """An unstarted accelerate tracker writing the run whose logs live in `log_dir` (logs/<run>)."""
     from accelerate.tracking import LOGGER_TYPE_TO_CLASS, TensorBoardTracker, WandBTracker
@@ -61,10 +85,12 @@ def start_tracker(tracker, config: dict) -> str | None:
     """Start `tracker` and store the flattened run config; returns the run id to resume with (W&B), if any."""
     try:
         tracker.start()
-        tracker.store_init_configuration(flat_config(config))
+        if tracker.name == "tensorboard":  # into the run itself, with val/loss as its metric (utils/tb_hparams.py)
+            write_hparams(tracker.writer, flat_config(config))
+        else:
+            tracker.store_init_configuration(flat_config(config))
     except Exception as e:  # a tracker's own setup problem (no W&B login, a bad URI): the user fixes it
-        hint = ("; log in with `wandb login` or WANDB_API_KEY, or set WANDB_MODE=offline and upload later with "
-                "`wandb sync`" if tracker.name == "wandb" else "")
+        hint = WANDB_LOGIN_HINT if tracker.name == "wandb" else ""
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise PiconeoxError(f"--report-to {tracker.name}: {why}{hint}") from None
     return getattr(tracker.tracker, "id", None) if tracker.name == "wandb" else None

@@ -1,5 +1,6 @@
 """Reading checkpoints: the small parts of a step folder, this rank's slices of the sharded state, and any
-checkpoint's model for inference (in one process, without a process group: only the weights are read)."""
+checkpoint's model for inference (in one process, without a process group: only the weights are read).
+Loading never runs code from a checkpoint: every pickle in it is read through an allowlist (safe_load)."""
 from __future__ import annotations
 
 import json
@@ -14,29 +15,36 @@ from utils.errors import PiconeoxError
 
 def read_part(folder: Path, name: str) -> object | None:
     """The saved state of part `name` (<name>.json or <name>.pt), or None when the checkpoint has none."""
+    from utils.ckpt.safe_load import load_small_state
+
     folder = Path(folder)
     if (folder / f"{name}.json").is_file():
         return json.loads((folder / f"{name}.json").read_text())
     path = folder / f"{name}.pt"
-    return torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else None
+    return load_small_state(path) if path.is_file() else None
 
 
 def read_rng(folder: Path, rank: int) -> dict:
     """This rank's RNG state (rank 0's when the checkpoint had fewer ranks)."""
+    from utils.ckpt.safe_load import load_small_state
+
     rng = Path(folder) / rng_name(rank)
-    return torch.load(rng if rng.exists() else Path(folder) / rng_name(0), map_location="cpu", weights_only=False)
+    return load_small_state(rng if rng.exists() else Path(folder) / rng_name(0))
 
 
 def load_sharded(folder: Path, model, optimizer) -> None:
     """Load model and optimizer state in place; every rank reads only the slices of its own shards (DCP
     reshards when the world size or sharding differ). Every rank must call this."""
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    from utils.ckpt.safe_load import load_dcp
 
     state = sharded_state(model, optimizer)  # this rank's tensors: DCP fills them in place
     try:
-        dcp.load(state, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
+        load_dcp(state, folder, no_dist=not dist.is_initialized())
+    except PiconeoxError:  # a refusal or an unreadable index: already one line naming the file
+        raise
     except Exception as e:  # CheckpointException wraps every rank's error; one line is enough for the user
         raise PiconeoxError(f"{folder}: cannot load the sharded state: {str(e).splitlines()[0][:300]}") from e
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
@@ -55,17 +63,17 @@ def checked(folder: Path) -> Path:
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """The full model weights of a DCP checkpoint folder (any number of shards), on the CPU."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader = dcp.FileSystemReader(str(folder))
-    meta = reader.read_metadata().state_dict_metadata
+    from utils.ckpt.safe_load import SafeFileSystemReader, load_dcp
+
+    meta = SafeFileSystemReader(str(folder)).read_metadata().state_dict_metadata
     weights = {key[len(MODEL_PREFIX):]: torch.empty(m.size, dtype=m.properties.dtype)
                for key, m in meta.items() if key.startswith(MODEL_PREFIX) and isinstance(m, TensorStorageMetadata)}
     if not weights:
         raise PiconeoxError(f"{folder}: the checkpoint holds no model weights")
     state = {"model": weights}
-    dcp.load(state, storage_reader=reader, no_dist=True)
+    load_dcp(state, folder, no_dist=True)
     return state["model"]
 
 

@@ -2,16 +2,17 @@
 
 Remote layout, written by utils/ckpt/uploader.py: `<bucket prefix>/<run>/step-XXXXXXXX/<files>`, the
 `COMPLETE` marker uploaded last. A remote folder counts only when its marker exists, so an upload cut
-short (preemption, dead network) is never chosen. Downloads go through utils/sync (crc32c-verified,
+short (preemption, dead network) is never chosen. Downloads go through utils/storage/sync (crc32c-verified,
 `.partial` files, incremental), then the marker's file sizes are checked like a local checkpoint's.
 """
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterable
 
-from utils.ckpt.format import MARKER, STEP_RE, check_complete, step_dir_name
+from utils.ckpt.format import MARKER, STEP_RE, check_complete, read_marker, step_dir_name
 from utils.errors import PiconeoxError
 from utils.storage import Storage, open_storage, parse_gs_url
 from utils.storage.sync import download_tree
@@ -36,6 +37,38 @@ def steps_in(names: Iterable[str]) -> dict[int, bool]:
 def latest_complete_step(steps: dict[int, bool]) -> int | None:
     """The highest step whose marker exists, or None."""
     return max((step for step, complete in steps.items() if complete), default=None)
+
+
+def remote_marker(store: Storage, step: int) -> dict:
+    """The COMPLETE marker of a remote step folder (a one-line PiconeoxError when it is not a marker)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store.child(step_dir_name(step)).get(MARKER, Path(tmp) / MARKER)
+        marker = read_marker(Path(tmp))
+    files = marker["files"].values() if marker else ()
+    if marker is None or not all(isinstance(v, dict) and {"size", "crc32c"} <= v.keys() for v in files):
+        raise PiconeoxError(f"{store.url}/{step_dir_name(step)}/{MARKER} is unreadable")
+    return marker
+
+
+def newest_verified(store: Storage, steps: dict[int, bool], warn) -> tuple[int, dict] | None:
+    """(step, marker) of the newest complete step whose files the bucket lists with the marker's sizes and crc32c;
+    a newer step that does not match (a damaged or overwritten object) is reported with `warn` and skipped."""
+    for step in sorted((s for s, complete in steps.items() if complete), reverse=True):
+        name = step_dir_name(step)
+        try:
+            marker = remote_marker(store, step)
+            listed = store.child(name).list()
+        except PiconeoxError as e:
+            warn(f"skipping bucket checkpoint {store.url}/{name}: {e}")
+            continue
+        bad = next((f for f, want in marker["files"].items() if f not in listed or listed[f].size != want["size"]
+                    or listed[f].crc32c not in (None, want["crc32c"])), None)
+        if bad is None:
+            return step, marker
+        warn(f"skipping bucket checkpoint {store.url}/{name}: {bad} " + ("is missing" if bad not in listed else
+             f"has {listed[bad].size} bytes, crc32c {listed[bad].crc32c}; the marker says "
+             f"{marker['files'][bad]['size']}, {marker['files'][bad]['crc32c']}"))
+    return None
 
 
 def download_checkpoint(store: Storage, step: int, cache_dir: Path, progress: bool = True) -> Path:

@@ -14,19 +14,16 @@ holds nothing: so each machine choosing from its own disk would start ranks at d
 """
 from __future__ import annotations
 
-import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from utils.ckpt import format as ckpt
 from utils.ckpt import remote
-from utils.atomic import check_writable_dir
 from utils.data.shards import verify_dataset
 from utils.distributed import all_gather_object, rank0_decides
 from utils.errors import PiconeoxError
-from utils.storage import Storage, open_storage
+from utils.storage import Storage, StorageError, open_storage
 
 
 @dataclass
@@ -44,13 +41,6 @@ class ResumePoint:
     remote: str | None
 
 
-def remote_marker(store: Storage, step: int) -> dict:
-    """The COMPLETE marker of a remote step folder."""
-    with tempfile.TemporaryDirectory() as tmp:
-        store.child(ckpt.step_dir_name(step)).get(ckpt.MARKER, Path(tmp) / ckpt.MARKER)
-        return json.loads((Path(tmp) / ckpt.MARKER).read_text())
-
-
 def candidates(resume: str | None, run_dir: Path, bucket: Storage | None, credentials: str | None,
                timeout_s: float, warn: Callable[[str], object]) -> list[ResumePoint]:
     """Rank 0: the checkpoints to resume from, newest first; empty to start fresh (see the module docstring).
@@ -61,16 +51,20 @@ def candidates(resume: str | None, run_dir: Path, bucket: Storage | None, creden
     if not resume:
         return []
     if resume.startswith("gs://"):
-        store, step = remote.resolve_url(resume, credentials, timeout_s=timeout_s)
-        return [ResumePoint(step, remote_marker(store, step), None, store.url)]
+        try:
+            store, step = remote.resolve_url(resume, credentials, timeout_s=timeout_s)
+            return [ResumePoint(step, remote.remote_marker(store, step), None, store.url)]
+        except StorageError as e:  # unreachable, or credentials it refuses: name the flag
+            raise PiconeoxError(f"--resume {resume}: {e}") from None
     if resume != "auto":
         folder = ckpt.find_checkpoint(resume, resume=True, flag="--resume ", warn=warn)
         marker = ckpt.read_marker(folder)
         return [ResumePoint(int(marker["step"]), marker, str(folder), None)]
-    steps = {}
+    steps, verified = {}, None
     if bucket is not None:
         try:
             steps = remote.remote_steps(bucket)
+            verified = remote.newest_verified(bucket, steps, warn)  # a damaged newer step is skipped, as locally
         except PiconeoxError as e:
             warn(f"--resume auto: could not list {bucket.url}, using local checkpoints only: {e}")
     points = []
@@ -79,10 +73,9 @@ def candidates(resume: str | None, run_dir: Path, bucket: Storage | None, creden
         marker = ckpt.read_marker(local)
         remote_url = bucket.url if steps.get(marker["step"]) else None
         points.append(ResumePoint(int(marker["step"]), marker, str(local), remote_url))
-    bucket_step = remote.latest_complete_step(steps)
-    if bucket_step is not None and not any(p.step == bucket_step for p in points):
-        points.append(ResumePoint(bucket_step, remote_marker(bucket, bucket_step),
-                                  str(Path(run_dir) / ckpt.step_dir_name(bucket_step)), bucket.url))
+    if verified is not None and not any(p.step == verified[0] for p in points):
+        step, marker = verified
+        points.append(ResumePoint(step, marker, str(Path(run_dir) / ckpt.step_dir_name(step)), bucket.url))
     return sorted(points, key=lambda p: -p.step)
 
 
@@ -170,28 +163,6 @@ def batch_for_world(tc, world: int, saved: dict | None, trainer: dict | None):
         fixed = saved["train"].get("global_batch_tokens") or (
             trainer["tokens_seen"] // trainer["step"] if trainer["step"] else None)
     return tc.for_world(world, fixed_global_batch=fixed)
-
-
-def check_new_run(resume: str | None, run_dir: Path, log_dir: Path) -> None:
-    """A run without --resume never writes into an earlier run's folders (its best/ and logs would be lost)."""
-    check_writable_dir(run_dir, "--output-dir")
-    check_writable_dir(log_dir, "--log-dir")
-    if resume:
-        return
-    for folder in (run_dir, log_dir):
-        if folder.is_dir() and any(folder.iterdir()):
-            raise PiconeoxError(f"{folder} holds an earlier run: pass --resume auto to continue it, or --run-name NAME "
-                                "(after `--` for start_training.sh) to start a new one beside it")
-
-
-def claim_run_dirs(resume: str | None, run_dir: Path, log_dir: Path, is_main: bool) -> None:
-    """Rank 0 (it alone writes checkpoints) checks and creates the run's folders; every rank learns the outcome."""
-    def decide() -> None:
-        check_new_run(resume, run_dir, log_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        log_dir.mkdir(parents=True, exist_ok=True)
-
-    rank0_decides(decide, is_main)
 
 
 def resumed_config(cfg, resume_from: Path | None, world: int, data_dir: Path):

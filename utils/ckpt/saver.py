@@ -4,9 +4,10 @@ Every rank writes its shard (a DCP save: a collective among the savers on their 
 uploads its files to `<bucket>/<run>/step-XXXXXXXX/` and reports to rank 0. Rank 0 writes the COMPLETE marker
 (every file with its size and crc32c) only when every rank reported success, locally and then to the bucket, and
 tells every rank the outcome; rank 0 prunes the bucket to the newest `keep_remote` complete checkpoints and each
-machine rotates its local step folders. Never destructive: a complete remote checkpoint is never overwritten (the
-marker goes up with `if_absent`, i.e. `if_generation_match=0` on GCS, and a folder whose marker exists is left
-alone), and pruning deletes a folder's marker first, so a half-deleted folder never looks complete.
+machine rotates its local step folders; partial steps older than the newest complete one go too (partials.py).
+Never destructive: a complete remote checkpoint is never overwritten (the marker goes up with `if_absent`, i.e.
+`if_generation_match=0` on GCS, and a folder whose marker exists is left alone), and pruning deletes a folder's
+marker first, so a half-deleted folder never looks complete.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import threading
 from pathlib import Path
 
 from utils import ckpt
+from utils.ckpt import partials
 from utils.ckpt.remote import steps_in
 from utils.distributed import broadcast_object, gather_object
 from utils.errors import PiconeoxError
@@ -39,6 +41,7 @@ class StepSaver:
         self.keep_remote, self.keep_local = keep_remote, keep_local
         self.cancel = cancel or threading.Event()
         self.completed: set[int] = set()  # steps rank 0 confirmed complete (its marker is written)
+        self._partials_removed: list[int] = []  # bucket steps the last prune removed as partial (rank 0)
         self.phase = ""
 
     def save_step(self, snap, folder: Path) -> tuple[str | None, str | None, str]:
@@ -59,8 +62,13 @@ class StepSaver:
         error, url, note = broadcast_object(outcome, self.group) if self.group is not None else outcome
         if error is None or error.startswith("upload"):  # the marker is on disk: complete locally
             self.completed.add(snap.step)
+        local = []
         if self.rotate_local:  # also when the upload failed: a bucket that is down must not fill the disk
             ckpt.rotate(folder.parent, self.keep_local, self.completed)
+            local = partials.remove_local(folder.parent, self.completed)
+        remote, self._partials_removed = self._partials_removed, []
+        if self.rank == 0 and (line := partials.describe(local, remote, folder.parent, self.store and self.store.url)):
+            note += f"; {line}"
         return error, url, note
 
     def _complete(self, snap, folder: Path, reports) -> tuple[str | None, str | None, str]:
@@ -114,8 +122,10 @@ class StepSaver:
         return remote.url, ""
 
     def _prune_remote(self) -> None:
-        """Delete complete remote checkpoints older than the newest `keep_remote` ones (marker first)."""
+        """Delete complete remote checkpoints older than the newest `keep_remote` ones (marker first), and the
+        partial ones older than the newest complete one (`partials`)."""
         listing = self.store.list(checksums=False)
+        self._partials_removed = partials.remove_remote(self.store, listing)
         complete = sorted(step for step, done in steps_in(listing).items() if done)
         for step in complete[:-self.keep_remote]:
             prefix = f"{ckpt.step_dir_name(step)}/"

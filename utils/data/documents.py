@@ -49,7 +49,8 @@ class TextFile:
                 try:
                     line = raw.decode("utf-8", errors=self.errors)
                 except UnicodeDecodeError as e:
-                    raise PiconeoxError(f"{not_utf8(self.path, offset, e)}; fix the file or pass --errors replace") from None
+                    raise PiconeoxError(
+                        f"{not_utf8(self.path, offset, e)}; fix the file or pass --errors replace") from None
                 if offset == 0:
                     line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not text
                 offset += len(raw)

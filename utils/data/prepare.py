@@ -205,7 +205,8 @@ def _check_options(name: str, tokenizer: str, vocab_size: int | None, shard_toke
         other = "--val-split tail" if val_split == "tail" else f"--val-fraction {val_fraction}"
         raise PiconeoxError(f"--val and {other} both choose the val text: give one of them")
     if val_split == "tail" and (val_fraction == 0 or dataset_percent != 100):
-        raise PiconeoxError("--val-split tail cuts the whole text: it needs --val-fraction > 0 and no --dataset-percent")
+        raise PiconeoxError("--val-split tail cuts the whole text: it needs --val-fraction > 0 and no "
+                            "--dataset-percent")
     if shard_tokens < 1:
         raise PiconeoxError(f"--shard-tokens {shard_tokens} is out of range: give a positive count")
     if workers < 1:
@@ -253,10 +254,11 @@ def prepare(inputs: list[str], name: str, out_dir: str | os.PathLike = "data", t
         if tokenizer_from:
             tok, tok_sha256 = _tokenizer_from(data_dir, staging, tokenizer_from, retrain_tokenizer)
         else:
-            # BPE learns its merges from the train split's text only, so val loss is measured on text the tokenizer never
-            # saw; char needs every character of both splits (nanoGPT's vocab), byte reads nothing.
+            # BPE learns its merges from the train split's text only, so val loss is measured on text the tokenizer
+            # never saw; char needs every character of both splits (nanoGPT's vocab), byte reads nothing.
             fit = ("train",) if tokenizer == "bpe" else SPLITS
-            texts = [] if tokenizer == "byte" else _texts(sources + val_sources, all_documents(), "read for tokenizer", fit)
+            texts = [] if tokenizer == "byte" else _texts(sources + val_sources, all_documents(), "read for tokenizer",
+                                                          fit)
             tok, tok_sha256 = _tokenizer(data_dir, staging, tokenizer, vocab_size, retrain_tokenizer, texts)
         dtype = token_dtype(tok.get_vocab_size())
         writers = {split: ShardWriter(staging, split, dtype, shard_tokens) for split in SPLITS}

@@ -154,6 +154,9 @@ def _int_or_none(value: object) -> int | None:
     return None if value is None else int(value)
 
 
+PREFLIGHT_PASSED_ENV = "PICONEOX_PREFLIGHT_PASSED"  # set by start_training.sh for the run it launches
+_mode_warned: set[Path] = set()
+
 
 def _read_key_file(path: Path, source: str) -> dict:
     """The parsed key, or one line naming the file (never quoting it) when it is not a readable JSON key."""
@@ -173,7 +176,9 @@ def _read_key_file(path: Path, source: str) -> dict:
             "(expected a service-account key downloaded from the Cloud Console)"
         )
     mode = path.stat().st_mode
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+    # once per key and process, and not again in a run that start_training.sh's preflight already warned for
+    if mode & (stat.S_IRWXG | stat.S_IRWXO) and path not in _mode_warned and not os.environ.get(PREFLIGHT_PASSED_ENV):
+        _mode_warned.add(path)
         log.warning("credentials file %s is readable by other users (mode %o); run: chmod 600 %s",
                     path, stat.S_IMODE(mode), path)
     return info

@@ -1,0 +1,174 @@
+"""Loading a checkpoint never runs code from it: a payload in any pickled file of a checkpoint whose COMPLETE
+marker was recomputed (anyone can) is refused by every entry point in one line, and never runs."""
+import dataclasses
+import io
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
+from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
+from utils import ckpt
+from utils.storage import open_storage
+
+STEP = "step-00000010"
+PICKLED = (".metadata", "__0_0.distcp", "scheduler.pt", "scaler.pt", "rng-00000.pt")  # scaler.pt: fp16 runs only
+
+
+class Payload:
+    """What an attacker hides in a checkpoint: unpickling it runs a shell command (here, one creating `flag`)."""
+
+    def __init__(self, flag: Path):
+        self.flag = flag
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.flag}",)
+
+
+def torch_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def poison(folder: Path, name: str, flag: Path) -> None:
+    """Hide a Payload in `folder/name`, the rest of the file still valid, and recompute the COMPLETE marker."""
+    path = folder / name
+    meta = pickle.loads((folder / ckpt.DCP_INDEX).read_bytes())  # our own fixture's index: trusted
+    if name == ckpt.DCP_INDEX:
+        meta.payload = Payload(flag)
+        path.write_bytes(pickle.dumps(meta))
+    elif name.endswith(".distcp"):  # a non-tensor value (an optimizer hyperparameter) now points at the payload
+        index = next(i for i, info in meta.storage_data.items() if i.fqn.startswith("optim.param_groups.")
+                     and info.relative_path == name)
+        payload = torch_bytes(Payload(flag))
+        meta.storage_data[index] = dataclasses.replace(meta.storage_data[index], offset=path.stat().st_size,
+                                                       length=len(payload))
+        with open(path, "ab") as f:
+            f.write(payload)
+        (folder / ckpt.DCP_INDEX).write_bytes(pickle.dumps(meta))
+    else:
+        state = torch.load(path, weights_only=False) if path.exists() else {"scale": 65536.0}
+        path.write_bytes(torch_bytes({**state, "payload": Payload(flag)}))
+    marker = ckpt.read_marker(folder)
+    names = set(marker["files"]) | {name}
+    ckpt.write_marker(folder, marker["step"], marker["world_size"], ckpt.manifest(folder, sorted(names)))
+    assert ckpt.check_complete(folder, verify=True) is None
+
+
+def unrestricted_load(folder: Path, name: str) -> None:
+    """How torch reads `name` when nothing restricts it (what piconeox 0c18f74 did)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta = FileSystemReader(str(folder)).read_metadata()  # pickle.load
+    if name.endswith(".distcp"):  # DefaultLoadPlanner.load_bytes
+        info = next(i for i in meta.storage_data.values() if i.relative_path == name and i.offset > 0 and
+                    i.offset + i.length == (folder / name).stat().st_size)
+        with open(folder / name, "rb") as f:
+            f.seek(info.offset)
+            torch.load(io.BytesIO(f.read(info.length)), weights_only=False)
+    elif name.endswith(".pt"):
+        torch.load(folder / name, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_data):
+    """A 10-step run: its output folder (ckpt/run/step-00000010, best/, final/ and logs)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    out = tmp_path_factory.mktemp("trained")
+    code, _, _ = run(out, tiny_data, "--max-steps", "10", "--save-every", "10", "--eval-every", "10",
+                     "--sample-prompt", "")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    assert code == 0
+    return out
+
+
+@pytest.fixture
+def work(tmp_path, trained):
+    """A copy of the trained run to poison."""
+    shutil.copytree(trained / "ckpt", tmp_path / "ckpt")
+    shutil.copytree(trained / "logs", tmp_path / "logs")
+    return tmp_path
+
+
+def assert_refused(code: int, capsys, path: Path, flag: Path) -> None:
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]  # the rest: the run's log lines
+    assert not flag.exists(), "the payload ran"
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert f"{path}: refused to load: it asks for posix.system" in errors[0] and "never runs code" in errors[0], err
+
+
+@pytest.mark.parametrize("name", PICKLED)
+def test_the_payloads_run_when_loaded_unrestricted(work, name):
+    """The payloads are real: what torch does without an allowlist runs them."""
+    folder, flag = work / "ckpt" / "run" / STEP, work / "PWNED"
+    poison(folder, name, flag)
+    unrestricted_load(folder, name)
+    assert flag.exists()
+
+
+@pytest.mark.parametrize("how", ["folder", "auto"])
+@pytest.mark.parametrize("name", PICKLED)
+def test_resume_refuses_a_payload(work, tiny_data, capsys, name, how):
+    folder, flag = work / "ckpt" / "run" / STEP, work / "PWNED"
+    poison(folder, name, flag)
+    capsys.readouterr()
+    code, _, _ = run(work, tiny_data, "--max-steps", "12", "--resume", str(folder) if how == "folder" else "auto")
+    assert_refused(code, capsys, folder / name, flag)
+
+
+@pytest.mark.parametrize("name", PICKLED)
+def test_resume_from_the_bucket_refuses_a_payload(work, tiny_data, gcs_emulator, capsys, name):
+    """A colleague's run in a team bucket: downloaded (crc32c-checked against the recomputed marker), refused."""
+    folder, flag = work / "ckpt" / "run" / STEP, work / "PWNED"
+    poison(folder, name, flag)
+    remote = open_storage(gcs_emulator.url("team/run")).child(STEP)
+    for path in sorted(folder.iterdir(), key=lambda p: p.name == ckpt.MARKER):  # the marker last
+        remote.put(path, path.name)
+    fresh = work / "fresh"
+    capsys.readouterr()
+    code, _, _ = run(fresh, tiny_data, "--max-steps", "12", "--resume", gcs_emulator.url("team/run"))
+    cached = next((fresh / "ckpt" / ".remote-cache").rglob(STEP))
+    assert_refused(code, capsys, cached / name, flag)
+
+
+def test_tools_refuse_a_payload_in_the_index(work, tiny_data, capsys):
+    """consolidate, generate, evaluate, to_gguf, rp2040.export and --init-from read a step folder's `.metadata`
+    (and its tensors, which torch always loads with weights_only=True)."""
+    from rp2040.export import main as export_main
+    from utils.consolidate import main as consolidate_main
+    from utils.evaluate import main as evaluate_main
+    from utils.generate import main as generate_main
+    from utils.to_gguf import main as gguf_main
+
+    folder, flag = work / "ckpt" / "run" / STEP, work / "PWNED"
+    poison(folder, ckpt.DCP_INDEX, flag)
+    text = work / "text.txt"
+    text.write_text("Once upon a time there was a test.\n")
+    calls = {"consolidate": lambda: consolidate_main([str(folder), "--out", str(work / "hf")]),
+             "generate": lambda: generate_main([str(folder), "--max-new-tokens", "2"]),
+             "evaluate": lambda: evaluate_main([str(folder), "--eval-perplexity", str(text)]),
+             "export": lambda: export_main([str(folder), "--out", str(work / "pico")]),
+             "to_gguf": lambda: gguf_main([str(folder), "--out", str(work / "model.gguf")]),
+             "init-from": lambda: run(work / "init", tiny_data, "--max-steps", "1", "--init-from", str(folder))[0]}
+    capsys.readouterr()
+    for tool, call in calls.items():
+        assert_refused(call(), capsys, folder / ckpt.DCP_INDEX, flag)
+    assert not (work / "hf").exists() and not (work / "pico").exists() and not (work / "model.gguf").exists()
+
+
+def test_a_clean_checkpoint_loads_everywhere(work, tiny_data):
+    """The allowlists hold everything our writer puts into a checkpoint: resume and the tools still work."""
+    from utils.consolidate import main as consolidate_main
+
+    code, losses, _ = run(work, tiny_data, "--max-steps", "12", "--resume", str(work / "ckpt" / "run" / STEP))
+    log = (work / "logs" / "run" / "training.log").read_text()
+    assert code == 0 and len(losses) == 12 and f"{STEP} at step 10" in log
+    assert consolidate_main([str(work / "ckpt" / "run" / STEP), "--out", str(work / "hf")]) == 0

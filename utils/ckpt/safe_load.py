@@ -1,0 +1,144 @@
+"""Loading a checkpoint never runs code from it: every pickle in a checkpoint is read through an allowlist.
+
+A step folder is trusted by its COMPLETE marker, but anyone can recompute crc32c values: a checkpoint from a team
+bucket, a colleague's `--resume gs://` or a download to consolidate is data, never code. A checkpoint holds
+pickles in three places, and each is read here with only the types our own writer puts there:
+
+- `.metadata`, the DCP index: `SafeFileSystemReader` unpickles only torch.distributed.checkpoint's metadata
+  dataclasses, torch.Size, dtypes, layouts and paths (torch's own reader is a plain `pickle.load`).
+- non-tensor values inside the `.distcp` shards (the optimizer's hyperparameters): `SafeLoadPlanner` loads them
+  with `torch.load(weights_only=True)` (DCP's default planner uses `weights_only=False`).
+- `scheduler.pt`, `scaler.pt`, `rng-*.pt`: `load_small_state`, `torch.load(weights_only=True)` plus NumPy's
+  array reconstruction (the NumPy RNG state is an array). Tensors everywhere load with `weights_only=True`.
+
+Anything else is refused with `UnsafeCheckpoint`: one line naming the file and the global it asked for.
+Checkpoints written by earlier versions hold nothing else, so they load unchanged.
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import re
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+from utils.errors import PiconeoxError
+
+METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+METADATA_TYPES = ("Metadata", "StorageMeta", "MetadataIndex", "ChunkStorageMetadata", "TensorProperties",
+                  "TensorStorageMetadata", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")
+OTHER_METADATA_GLOBALS = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+                          ("torch.serialization", "_get_layout"),  # layouts pickle as a lookup by name
+                          ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),  # the checkpoint_id it was saved to
+                          ("pathlib._local", "PosixPath"), ("pathlib._local", "PurePosixPath")}  # Python >= 3.13
+
+
+class UnsafeCheckpoint(PiconeoxError):
+    """A checkpoint file asks for something a checkpoint may not contain (code, or objects that could run it)."""
+
+
+def refusal(path, what: str) -> UnsafeCheckpoint:
+    return UnsafeCheckpoint(f"{path}: refused to load: it asks for {what}, which a checkpoint may not contain "
+                            "(only tensors, numbers, strings and checkpoint metadata); loading a checkpoint never "
+                            "runs code from it")
+
+
+def metadata_globals() -> frozenset[tuple[str, str]]:
+    """(module, name) of every global a DCP `.metadata` written by torch may reference."""
+    dtypes = {("torch", name) for name, value in vars(torch).items() if isinstance(value, torch.dtype)}
+    return frozenset({(METADATA_MODULE, name) for name in METADATA_TYPES} | OTHER_METADATA_GLOBALS | dtypes)
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """Builds only the allowlisted types; any other global (os.system, builtins.eval, ...) is refused."""
+
+    def __init__(self, file, path):
+        super().__init__(file)
+        self.path, self.allowed = path, metadata_globals()
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.allowed:
+            raise refusal(self.path, f"{module}.{name}")
+        return super().find_class(module, name)
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """torch's FileSystemReader with `.metadata` read by `MetadataUnpickler` instead of `pickle.load`."""
+
+    def read_metadata(self, *args, **kwargs):
+        from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as f:
+            try:
+                metadata = MetadataUnpickler(f, path).load()
+            except UnsafeCheckpoint:
+                raise
+            except Exception as e:  # truncated or not a pickle at all: the unpickler's errors vary
+                why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                raise PiconeoxError(f"{path}: not a readable checkpoint index ({why})") from None
+        if not isinstance(metadata, Metadata):
+            raise PiconeoxError(f"{path}: not a checkpoint index (holds a {type(metadata).__name__})")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def weights_only_load(source, path, allow=(), item: str = ""):
+    """`torch.load(weights_only=True)` of `source` (the file `path`, or its part `item`) with the extra globals
+    `allow`; a refusal is one UnsafeCheckpoint line."""
+    try:
+        with torch.serialization.safe_globals(list(allow)):
+            return torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # torch's message is a paragraph: keep the global it names
+        found = (re.search(r"GLOBAL (\S+)", str(e)) or re.search(r"got <class '([^']+)'>", str(e))
+                 or re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(e)))
+        what = found.group(1) if found else "an object torch.load(weights_only=True) refuses"
+        raise refusal(path, what + (f" (in {item})" if item else "")) from None
+    except (RuntimeError, EOFError, ValueError) as e:
+        raise PiconeoxError(f"{path}: not a readable state file ({str(e).splitlines()[0][:200]})") from None
+
+
+def load_small_state(path: Path):
+    """scheduler.pt, scaler.pt or rng-*.pt: numbers, tensors and the NumPy RNG's array, nothing else."""
+    import numpy as np
+
+    return weights_only_load(path, path, allow=(np._core.multiarray._reconstruct, np.ndarray, np.dtype,
+                                                   np.dtypes.UInt32DType))
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, but non-tensor values (BYTE_IO items) load with `weights_only=True`."""
+
+    def __init__(self, folder: Path):
+        super().__init__()
+        self.folder = Path(folder)
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        from torch.distributed.checkpoint._traverse import set_element
+
+        path = self.folder / self.metadata.storage_data[read_item.storage_index].relative_path
+        obj = weights_only_load(value, path, item=read_item.dest_index.fqn)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def load_dcp(state: dict, folder: Path, no_dist: bool) -> None:
+    """`dcp.load(state)` from `folder` (in place) through the safe reader and planner. An error on any rank is
+    raised as itself (our one-line errors first), not as DCP's dump of every rank's traceback."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    reader = SafeFileSystemReader(str(folder))
+    reader.read_metadata()  # a refusal here raised inside dcp.load would be folded into an AssertionError
+    try:
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(folder), no_dist=no_dist)
+    except CheckpointException as e:  # a BaseException: DCP wraps every rank's error in it
+        errors = [exc for exc, _ in e.failures.values()]
+        raise next((exc for exc in errors if isinstance(exc, PiconeoxError)), errors[0]) from None

@@ -1,0 +1,62 @@
+"""`accelerate launch` that keeps piconeox's exit codes: python utils/launch.py <accelerate launch args> train.py ...
+
+The same flags as `python -m accelerate.commands.launch` (start_training.sh prints and runs this line). What
+differs is only how a failed run ends: the training processes record their exit code and `error:` line
+(utils/exit_status.py), and this prints that line once and exits with that code (2 for a refusal, 3 for a
+checkpoint that never reached the bucket) instead of accelerate's exit 1 or torchrun's ChildFailedError
+traceback. A crash that recorded nothing (a real bug) keeps its own traceback, printed by the worker.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: the repository root on the path, like train.py has it
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # not utils/: its tokenizers.py would shadow the package
+
+from utils import exit_status  # noqa: E402
+
+
+def failed_code(exc: BaseException) -> int:
+    """The exit code inside accelerate's or torchrun's way of saying that a training process failed."""
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else 1
+    if isinstance(exc, subprocess.CalledProcessError):
+        return exc.returncode
+    failures = getattr(exc, "failures", None)  # torchrun's ChildFailedError: {rank: ProcessFailure}
+    if failures:
+        return next(iter(failures.values())).exitcode or 1
+    raise exc
+
+
+def main(argv: list[str] | None = None) -> int:
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    parser = launch_command_parser()
+    parser.error = lambda message: parser.exit(2, f"error: {message} (see accelerate launch --help)\n")  # one line
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    # torchrun's agent logs every worker's exit as an error and SIGTERMs the rest with warnings; the worker's own
+    # line (or its traceback, for a crash) says what happened
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    with tempfile.TemporaryDirectory(prefix="piconeox-status-") as folder:
+        os.environ[exit_status.STATUS_DIR_ENV] = folder
+        try:
+            launch_command(args)
+            code = 0
+        except (SystemExit, subprocess.CalledProcessError, Exception) as e:
+            code = failed_code(e)
+        recorded = exit_status.collected(Path(folder))
+    if recorded is not None:
+        print(recorded[1], file=sys.stderr, flush=True)
+        return recorded[0]
+    if code:
+        print(f"error: a training process failed with exit code {code} (its output is above)", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

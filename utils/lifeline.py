@@ -1,0 +1,129 @@
+"""Nothing of a run outlives its launcher by more than the grace period.
+
+Three pieces, each for a way a run used to be left behind:
+- `die_with_parent`: PR_SET_PDEATHSIG. A process whose parent dies without a word (SIGKILL, the OOM killer)
+  gets SIGTERM, the clean-stop signal: start_training.sh starts `accelerate launch` through this module's
+  CLI, and every train.py binds itself to accelerate (torchrun starts each worker in a session of its own,
+  so no signal to the launcher's process group reaches them).
+- `GraceDeadline`: a worker whose clean stop cannot finish (a peer is gone or stuck, and this process waits
+  in a collective, where no Python signal handler runs) ends itself once the grace has passed.
+- `detach_terminal`: after a SIGHUP the terminal is gone; writing to it would fail, so output goes to
+  /dev/null (training.log keeps everything).
+
+    python -m utils.lifeline LAUNCHER_PID COMMAND...   # exec COMMAND, bound to LAUNCHER_PID
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import socket
+import stat
+import sys
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1
+LAUNCH_PID_ENV = "PICONEOX_LAUNCH_PID"  # the pid of `accelerate launch`, the parent of every worker
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+GRACE_EXCEEDED_EXIT = 1
+_worker = False  # set by bind_worker(): a training process started as a script
+
+
+def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGTERM) -> None:
+    """Get `sig` when the parent process dies; at once if it is already gone (not `expected_parent` any more).
+
+    Linux only (elsewhere a no-op); kept across exec.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os.kill(os.getpid(), sig)  # the parent died before the binding: act as if it died after
+
+
+def bind_worker() -> None:
+    """A training process: SIGTERM when `accelerate launch` (its parent) dies; a GraceDeadline then also covers
+    the interpreter's exit (thread joins, atexit handlers), not only the training function."""
+    global _worker
+    _worker = True
+    launch = os.environ.get(LAUNCH_PID_ENV, "")
+    die_with_parent(int(launch) if launch.isdigit() else None)
+
+
+def detach_terminal() -> None:
+    """Point stdin/stdout/stderr that are terminals (character devices) at /dev/null; files and pipes stay."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        try:
+            if stat.S_ISCHR(os.fstat(fd).st_mode):
+                os.dup2(null, fd)
+        except OSError:
+            pass
+    os.close(null)
+
+
+class GraceDeadline:
+    """Ends the process `grace_seconds` after a stop signal (or `stop.request()`) if it has not ended by then.
+
+    The C-level signal handler writes each signal to a socket (`signal.set_wakeup_fd`) even while the main
+    thread waits inside a collective; a watcher thread reads it. Use as a context manager around the part of
+    the run whose signals the clean stop handles (the StopRequest must be installed inside it).
+    """
+
+    def __init__(self, stop):
+        self.stop = stop
+        self._done = threading.Event()
+        self._signalled_at: float | None = None
+
+    def __enter__(self) -> GraceDeadline:
+        self._read, write = socket.socketpair()
+        write.setblocking(False)
+        self._write = write
+        self._previous_fd = signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, name="grace-deadline", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not (_worker and self._started() is not None):  # a stopping worker is watched until it is gone
+            self._done.set()
+        signal.set_wakeup_fd(self._previous_fd)
+
+    def _started(self) -> float | None:
+        remaining = self.stop.remaining()
+        requested = None if remaining is None else time.monotonic() - (self.stop.grace_seconds - remaining)
+        return min((t for t in (requested, self._signalled_at) if t is not None), default=None)
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            if select.select([self._read], [], [], 0.2)[0]:
+                received = self._read.recv(64)
+                if self._signalled_at is None and STOP_SIGNALS & set(received):
+                    self._signalled_at = time.monotonic()
+            start = self._started()
+            if start is not None and time.monotonic() - start >= self.stop.grace_seconds and not self._done.is_set():
+                err = os.dup(2)
+                os.set_blocking(err, False)  # a full stderr pipe (nobody reads it any more) must not hold the exit
+                try:
+                    os.write(err, (f"error: the clean stop did not finish within --grace-seconds "
+                                   f"{self.stop.grace_seconds:g} (a peer process is gone or stuck); exiting without "
+                                   "it: the last complete checkpoint stays\n").encode())
+                except OSError:
+                    pass
+                os._exit(GRACE_EXCEEDED_EXIT)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or not argv[0].isdigit():
+        print("usage: python -m utils.lifeline LAUNCHER_PID COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    die_with_parent(int(argv[0]))
+    os.environ[LAUNCH_PID_ENV] = str(os.getpid())  # exec keeps the pid: the workers' parent
+    os.execvp(argv[1], argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
