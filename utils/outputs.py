@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -46,14 +45,16 @@ def check_output_dir(path: str | Path, flag: str, owned: Callable[[Path], bool],
 
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield an empty temporary folder beside `path`; on success it replaces `path`, else it is removed."""
+    """Yield an empty temporary folder beside `path`; on success it replaces `path`, else it is removed.
+
+    The siblings have fixed names (.NAME.tmp, .NAME.old), so what a killed write left is removed by the next one."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.mkdir()
+    tmp, old = path.with_name(f".{path.name}.tmp"), path.with_name(f".{path.name}.old")
+    for leftover in (tmp, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp.mkdir(parents=True)
     try:
         yield tmp
-        old = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.old")
         if path.exists():
             path.rename(old)
         tmp.rename(path)

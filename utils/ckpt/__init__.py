@@ -15,16 +15,16 @@ from utils.ckpt.format import (DCP_INDEX, MARKER, STEP_RE, WEIGHTS_FILE, check_c
 from utils.ckpt.load import checked, load_model, load_sharded, read_part, read_rng, read_weights
 from utils.ckpt.state import (Snapshot, full_weights, grace_warning, own_share, rng_state, set_rng_state,
                               sharded_state, stage, staged_share, tensor_bytes, tensor_leaves)
-from utils.ckpt.write import (consolidate, consolidate_into, fresh_tmp, is_consolidated, link_copy, prepare_step_folder,
-                              publish_final, save_pretrained_weights, swap_into_place, write_common, write_shards,
+from utils.ckpt.write import (consolidate, consolidate_into, is_consolidated, link_copy, prepare_step_folder,
+                              publish_final, save_pretrained_weights, write_common, write_shards,
                               write_weights)
 
 __all__ = ["DCP_INDEX", "MARKER", "STEP_RE", "WEIGHTS_FILE", "Checkpointer", "Part", "Snapshot", "TrainerState",
            "check_complete", "check_files", "checked", "consolidate", "consolidate_into", "find_checkpoint",
-           "fresh_tmp", "full_weights", "grace_warning", "is_consolidated", "latest_complete", "link_copy",
+           "full_weights", "grace_warning", "is_consolidated", "latest_complete", "link_copy",
            "load_model",
            "load_sharded", "manifest", "own_share", "prepare_step_folder", "publish_final", "read_marker", "read_part",
            "read_rng", "read_weights", "rng_name", "rng_state", "rotate", "save_pretrained_weights", "set_rng_state",
            "sharded_state", "stage", "staged_share", "tensor_bytes", "tensor_leaves",
-           "step_dir_name", "step_folders", "swap_into_place", "training_parts", "write_common", "write_marker",
+           "step_dir_name", "step_folders", "training_parts", "write_common", "write_marker",
            "write_shards", "write_weights"]

@@ -58,11 +58,11 @@ def write_common(snap: Snapshot, folder: Path) -> list[str]:
 
 def write_weights(snap: Snapshot, folder: Path) -> Path:
     """best/: consolidated weights (from_pretrained format), tokenizer and small states, atomically."""
-    tmp = fresh_tmp(folder)
-    save_pretrained_weights(snap.hf_config, snap.weights, tmp)
-    write_common(snap, tmp)
-    write_marker(tmp, snap.step, snap.world_size, manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
-    return swap_into_place(tmp, Path(folder))
+    with atomic_dir(folder) as tmp:
+        save_pretrained_weights(snap.hf_config, snap.weights, tmp)
+        write_common(snap, tmp)
+        write_marker(tmp, snap.step, snap.world_size, manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
+    return Path(folder)
 
 
 def save_pretrained_weights(hf_config, weights: dict, folder: Path) -> None:
@@ -84,38 +84,20 @@ def link_copy(src: Path, folder: Path, extra: Path | None = None) -> Path:
 
     `extra`: a folder whose files are added (the consolidated weights), overriding files of the same name.
     """
-    tmp = fresh_tmp(folder)
     sources = {p.name: p for p in Path(src).iterdir() if p.is_file() and p.name != MARKER}
     if extra is not None:
         sources.update({p.name: p for p in Path(extra).iterdir() if p.is_file() and p.name != MARKER})
-    for name, path in sources.items():
-        try:
-            os.link(path, tmp / name)
-        except OSError:  # a filesystem without hard links (some network mounts): copy instead
-            shutil.copy2(path, tmp / name)
-    marker = json.loads((Path(src) / MARKER).read_text())
-    files = {**marker["files"], **(manifest(tmp, [p.name for p in Path(extra).iterdir() if p.name != MARKER])
-                                   if extra is not None else {})}
-    write_marker(tmp, marker["step"], marker.get("world_size", 1), files)
-    return swap_into_place(tmp, Path(folder))
-
-
-def fresh_tmp(folder: Path) -> Path:
-    tmp = Path(folder).with_name(f".{Path(folder).name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    return tmp
-
-
-def swap_into_place(tmp: Path, folder: Path) -> Path:
-    """Replace an older folder of the same name (best/, final/) only once `tmp` is complete."""
-    old = folder.with_name(f".{folder.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if folder.exists():
-        folder.rename(old)
-    tmp.rename(folder)
-    shutil.rmtree(old, ignore_errors=True)
-    return folder
+    with atomic_dir(folder) as tmp:
+        for name, path in sources.items():
+            try:
+                os.link(path, tmp / name)
+            except OSError:  # a filesystem without hard links (some network mounts): copy instead
+                shutil.copy2(path, tmp / name)
+        marker = json.loads((Path(src) / MARKER).read_text())
+        files = {**marker["files"], **(manifest(tmp, [p.name for p in Path(extra).iterdir() if p.name != MARKER])
+                                       if extra is not None else {})}
+        write_marker(tmp, marker["step"], marker.get("world_size", 1), files)
+    return Path(folder)
 
 
 @contextlib.contextmanager
