@@ -216,10 +216,7 @@ SHAKESPEARE_CHAR = ModelConfig(
 )
 """nanoGPT's CPU recipe (n_layer 4, n_head 4, n_embd 128, block 64), vocab = the 65 distinct characters."""
 
-CHAR_FAST = ModelConfig(
-    hidden_size=128, num_layers=4, num_heads=4, intermediate_size=128, max_position_embeddings=64,
-    rotary_pct=1.0, vocab_multiple=1,
-)
+CHAR_FAST = replace(SHAKESPEARE_CHAR, intermediate_size=128, rotary_pct=1.0)
 """Time to quality on CPU (benchmarks/README.md): SHAKESPEARE_CHAR's depth, width and heads with RoPE on all 32 dims
 of each head (0.25 encodes position in only 8) and a 1x FFN (0.42M params, 1.5x cheaper steps). At one budget of
 steps, depth and full RoPE bought more val loss than FFN width."""

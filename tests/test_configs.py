@@ -44,6 +44,7 @@ def test_fast_char_preset_trains_on_the_same_data_and_windows_with_a_cheaper_mod
     cheaper = count_parameters(build_model(fast.model.with_vocab(66))) < count_parameters(
         build_model(like.model.with_vocab(66)))
     assert cheaper and fast.train.max_steps < like.train.max_steps
+    assert fast.train.learning_rate > like.train.learning_rate
     assert fast.model.rotary_dims == fast.model.head_dim  # RoPE on every dim: the lever that paid most per step
     assert fast.train.max_steps % fast.train.save_every == 0  # its last step is a full, resumable checkpoint
 
