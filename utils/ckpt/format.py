@@ -51,12 +51,17 @@ def write_marker(folder: Path, step: int, world_size: int, files: dict[str, dict
 
 
 def read_marker(folder: Path) -> dict | None:
-    """The parsed COMPLETE marker of `folder`, or None when it is missing or unreadable."""
+    """The parsed COMPLETE marker of `folder`, or None when it is missing, unreadable, or lists a file without
+    its size and crc32c (an older piconeox format)."""
     try:
         marker = json.loads((Path(folder) / MARKER).read_text())
-        return marker if isinstance(marker.get("files"), dict) else None
+        files = marker.get("files")
     except (OSError, ValueError, AttributeError):
         return None
+    if not isinstance(files, dict) or not all(isinstance(v, dict) and {"size", "crc32c"} <= v.keys()
+                                              for v in files.values()):
+        return None
+    return marker
 
 
 def check_files(folder: Path, files: dict[str, dict], verify: bool = True) -> str | None:
@@ -79,8 +84,7 @@ def check_complete(folder: Path, verify: bool = False) -> str | None:
     if not (folder / MARKER).is_file():
         return f"{folder} has no {MARKER} marker (an interrupted save)"
     marker = read_marker(folder)
-    if marker is None or not all(isinstance(v, dict) and {"size", "crc32c"} <= v.keys()
-                                 for v in marker["files"].values()):
+    if marker is None:
         return f"{folder}/{MARKER} is unreadable (or from an older piconeox format)"
     return check_files(folder, marker["files"], verify)
 
