@@ -15,10 +15,11 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from pathlib import Path
 
+from configs.run import RunSettings
 from utils.errors import CliParser, PiconeoxError, cli
 
 # Shortcuts for the most used train.* settings (same as --set train.KEY=VALUE).
@@ -31,15 +32,8 @@ SHORTCUTS = {
     "--warmup-steps": "warmup_steps",
 }
 GC_EVERY = 50  # steps between the loop's garbage collections (automatic gc is off while it runs)
-# Every run.* setting as a flag (same as --set run.KEY=VALUE); its help is the field's docstring in configs/run.py.
-RUN_FLAGS = {
-    "--run-name": "run_name", "--output-dir": "output_dir", "--log-dir": "log_dir", "--resume": "resume",
-    "--init-from": "init_from", "--checkpoint-bucket": "checkpoint_bucket", "--credentials": "credentials",
-    "--max-upload-failures": "max_upload_failures", "--grace-seconds": "grace_seconds",
-    "--collective-timeout-minutes": "collective_timeout_minutes", "--step-timeout-minutes": "step_timeout_minutes",
-    "--report-to": "report_to",
-    "--sample-prompt": "sample_prompt",
-}
+# Every run.* setting as a flag, --run-name = --set run.run_name=VALUE (background_upload has --no-background-upload).
+RUN_FLAGS = {"--" + f.name.replace("_", "-"): f.name for f in fields(RunSettings) if f.name != "background_upload"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -185,7 +179,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     from utils.ckpt.uploader import open_uploader
     from utils.data.source import local_dataset, make_loaders
     from utils.data.tokenizers import load_tokenizer
-    from utils.distributed import compile_layers, describe, make_accelerator, rank0_decides, weights_come_from_rank0
+    from utils.distributed import compile_layers, make_accelerator, rank0_decides, weights_come_from_rank0
     from utils.lifeline import GraceDeadline
     from utils.lm import auto_micro_batch
     from utils.metrics import MetricsWriter, peak_flops, setup_logging
@@ -253,10 +247,11 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
     scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
     model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
-    if (tc.compile == "on" or (tc.compile == "auto" and cuda)) and describe(accelerator) == "DDP":
-        compile_layers(accelerator.unwrap_model(model))  # one graph per layer, not one per DDP gradient bucket
-    elif tc.compile == "on" or (tc.compile == "auto" and cuda):
-        model = torch.compile(model)  # after prepare(): saved keys never carry `_orig_mod.`
+    if tc.compile == "on" or (tc.compile == "auto" and cuda):
+        if accelerator.num_processes > 1 and not sharded:  # DDP: one graph per layer, not one per gradient bucket
+            compile_layers(accelerator.unwrap_model(model))
+        else:
+            model = torch.compile(model)  # after prepare(): saved keys never carry `_orig_mod.`
 
     state = ckpt.TrainerState()
     run_config = {**cfg.to_dict(), "data_tokenizer_sha256": tokenizer_sha256, "init_from": s.init_from}
