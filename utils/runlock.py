@@ -188,7 +188,7 @@ def holding(output_dir: str | Path, run: str, role: str):
 def hold_for_run(cleanup: contextlib.ExitStack, output_dir: str | Path, run: str, accelerator) -> None:
     """Every process of the run holds the lock until `cleanup` closes: each machine's main process first (it may
     take a free one), then the others join. A refusal on any machine reaches every rank."""
-    from accelerate.utils import gather_object
+    from utils.distributed import all_gather_object
 
     role = f"rank {accelerator.process_index}"
     refusal = None
@@ -197,7 +197,7 @@ def hold_for_run(cleanup: contextlib.ExitStack, output_dir: str | Path, run: str
             cleanup.enter_context(holding(output_dir, run, role))
         except PiconeoxError as e:
             refusal = str(e)
-    if refusal := next((r for r in gather_object([refusal]) if r), None):
+    if refusal := next((r for r in all_gather_object(refusal) if r), None):
         raise PiconeoxError(refusal)
     if not accelerator.is_local_main_process:
         cleanup.enter_context(holding(output_dir, run, role))
