@@ -20,7 +20,7 @@ from configs.model import ModelConfig, build_model
 from utils import ckpt
 from utils.ckpt.uploader import CheckpointUploader, SaveRequest
 from utils.data.tokenizers import load_tokenizer
-from utils.distributed import checkpoint_group, make_accelerator, weights_come_from_rank0
+from utils.distributed import cpu_group, make_accelerator, weights_come_from_rank0
 from utils.lm import lm_loss
 from utils.optim import build_optimizer
 
@@ -71,7 +71,7 @@ snap = ckpt.Snapshot(step=1, rank=rank, world_size=accelerator.num_processes,
                      common={"run_config": ("json", {})})
 staged = sum(ckpt.tensor_bytes(t) for _, t in ckpt.tensor_leaves(snap.state))
 one_staged = weakref.ref(next(ckpt.tensor_leaves(snap.state))[1])
-uploader = CheckpointUploader(None, keep_local=1, progress=False, group=checkpoint_group(timedelta(minutes=10)),
+uploader = CheckpointUploader(None, keep_local=1, progress=False, group=cpu_group(timedelta(minutes=10)),
                               rank=rank)
 uploader.submit(SaveRequest(snap, folder))
 del snap

@@ -149,12 +149,6 @@ def cpu_group(timeout: timedelta | None = None):
     return dist.new_group(backend="gloo", timeout=timeout)
 
 
-def checkpoint_group(timeout: timedelta):
-    """The background savers' group. A save may wait on a slow upload of another rank: `timeout` (the run's
-    start-up collective timeout, which also covers a synchronous save) bounds it, so a dead rank fails the save."""
-    return cpu_group(timeout)
-
-
 def _world(group=None) -> int:
     """Processes in `group` (the default group when None); 1 without torch.distributed."""
     import torch.distributed as dist

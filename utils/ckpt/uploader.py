@@ -90,7 +90,7 @@ class CheckpointUploader:
     keep_local: complete local step folders to keep (`ckpt.rotate`).
     max_failures: failures in a row after which `fatal` is set (>= 1).
     background: False runs each save inside `submit()`.
-    group: the savers' process group (`distributed.checkpoint_group()`), None in a single process.
+    group: the savers' gloo process group (`distributed.cpu_group()`), None in a single process.
     rank: this process's global rank; rotate_local: whether this process rotates its machine's step folders.
     """
 
@@ -285,7 +285,7 @@ def open_uploader(settings, keep_last: int, name: str, accelerator) -> Checkpoin
     hold a clean stop for long, and the savers' group times out like the run's start-up collectives."""
     from datetime import timedelta
 
-    from utils.distributed import checkpoint_group
+    from utils.distributed import cpu_group
     from utils.storage import open_storage
 
     s = settings
@@ -293,5 +293,7 @@ def open_uploader(settings, keep_last: int, name: str, accelerator) -> Checkpoin
         if s.checkpoint_bucket else None
     return CheckpointUploader(bucket, keep_remote=keep_last, keep_local=keep_last, max_failures=s.max_upload_failures,
                               background=s.background_upload, progress=accelerator.is_main_process,
-                              group=checkpoint_group(timedelta(minutes=s.collective_timeout_minutes)),
+                              # a save may wait on another rank's slow upload: the start-up collective timeout (which
+                              # also covers a synchronous save) bounds it, so a dead rank fails the save
+                              group=cpu_group(timedelta(minutes=s.collective_timeout_minutes)),
                               rank=accelerator.process_index, rotate_local=accelerator.is_local_main_process)
