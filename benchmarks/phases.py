@@ -34,7 +34,7 @@ import accelerate  # noqa: E402,F401
 import transformers  # noqa: E402,F401
 
 import train  # noqa: E402
-from benchmarks.bench_train import bare_loop  # noqa: E402
+from benchmarks.bench_train import WARMUP, bare_loop  # noqa: E402
 from configs.presets import resolve_config  # noqa: E402
 from utils import ckpt, lm, metrics, optim, progress, summary  # noqa: E402,F401
 from utils.ckpt import resume, uploader  # noqa: E402,F401
@@ -109,7 +109,7 @@ def main() -> None:
     cfg = type(cfg)(cfg.preset, cfg.model.with_vocab(66), cfg.train)
     start = now()
     bare = bare_loop(cfg, 100, attention=cfg.train.attention)
-    bare_cpu = since(start)[1] / (100 + 5)  # bench_train's 5 warm-up steps included
+    bare_cpu = since(start)[1] / (100 + WARMUP)  # bench_train's warm-up steps included
     rows = [("imports: torch", [b - a for a, b in zip(T0, T_TORCH)]),
             ("imports: transformers, accelerate, piconeox", [b - a for a, b in zip(T_TORCH, T_IMPORTS)]),
             ("data prep (prepare_data.py subprocess)", prep), *sorted(spent.items()),

@@ -42,7 +42,6 @@ trap 'rm -rf "$OUT"' EXIT
 seconds_since() { echo "$(date +%s.%N) - $1" | bc; }
 
 # One of our runs as a user runs it, timed end to end; its final model scored on the shared val blocks.
-best_s="" best_loss="" best_preset=""
 for preset in ${PRESETS//,/ }; do
   start=$(date +%s.%N)
   $PY prepare_data.py "$TEXT" --name "$preset" --out-dir "$OUT/data" --tokenizer char --val-split tail
