@@ -1,10 +1,12 @@
 """Where a run's wall time goes: start-up, data preparation, model build, steps, evals, saves, sample, teardown.
 
     .venv/bin/python benchmarks/phases.py TEXT [--config shakespeare-char] [--set train.KEY=VALUE ...]
+    .venv/bin/python benchmarks/phases.py demo --config pico-best      # the README's first command
 
-Prepares TEXT (prepare_data.py --tokenizer char --val-split tail, in a subprocess: its own start-up counts), then
-runs train.main in this process with its phases timed by wrapping the functions that do them, and ends with the
-bare loop of benchmarks/bench_train.py on the same shapes and math settings, so the per-step overhead shows.
+A TEXT file is prepared first (prepare_data.py with the preset's tokenizer, --val-split tail, in a subprocess: its
+own start-up counts); `demo` is prepared inside the run on first use, as on a fresh clone (the "data check/load"
+row). Then train.main runs in this process with its phases timed by wrapping the functions that do them, and the
+bare loop of benchmarks/bench_train.py on the same shapes and math settings ends it, so the per-step overhead shows.
 Prints one markdown table of wall and CPU seconds (this process's, all threads). On a shared box the wall time
 scales with the load (note `uptime` beside it); with OMP_NUM_THREADS=1 the CPU time is what an idle core would take.
 """
@@ -36,9 +38,11 @@ import transformers  # noqa: E402,F401
 import train  # noqa: E402
 from benchmarks.bench_train import WARMUP, bare_loop  # noqa: E402
 from configs.presets import resolve_config  # noqa: E402
+from configs.run import RunSettings  # noqa: E402
 from utils import ckpt, lm, metrics, optim, progress, summary  # noqa: E402,F401
 from utils.ckpt import resume, uploader  # noqa: E402,F401
 from utils.data import source  # noqa: E402
+from utils.data.shards import read_manifest  # noqa: E402
 
 T_IMPORTS = now()
 spent: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
@@ -75,11 +79,14 @@ def mark(owner, name: str, key: str, first: bool) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("text")
+    p.add_argument("text", help="a text file, or demo (the built-in stories, prepared inside the run)")
     p.add_argument("--config", default="shakespeare-char")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--sample-prompt", help="default: ROMEO: for a text file, the run's own for demo")
     args = p.parse_args()
-    timed(source, "local_dataset", "data check/load")
+    cfg = resolve_config(args.config, None, dict(kv.split("=", 1) for kv in args.set))
+    demo = args.text == "demo"
+    timed(source, "local_dataset", "data check/load" + (" (demo prepared on first use)" if demo else ""))
     timed(lm, "evaluate", "evals")
     timed(ckpt.Checkpointer, "capture", "saves (blocking copy)")
     timed(summary, "log_sample", "final sample")
@@ -90,29 +97,38 @@ def main() -> None:
     mark(lm, "to_device", "loop start", first=True)
     mark(progress.ProgressBar, "close", "loop end", first=False)
     with tempfile.TemporaryDirectory() as tmp:
-        start, child = time.perf_counter(), os.times()
-        subprocess.run([sys.executable, "prepare_data.py", args.text, "--name", "d", "--out-dir", f"{tmp}/data",
-                        "--tokenizer", "char", "--val-split", "tail"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-        after = os.times()
-        cpu = after.children_user + after.children_system - child.children_user - child.children_system
-        prep = [time.perf_counter() - start, cpu]
+        if demo:
+            os.chdir(tmp)  # demo data goes to ./data: a fresh folder, so it is prepared as on a fresh clone
+            data = tmp + "/data/" + source.data_name(cfg.train)
+        else:
+            start, child = time.perf_counter(), os.times()
+            vocab = ["--vocab-size", str(cfg.train.tokenizer_vocab)] if cfg.train.tokenizer_vocab else []
+            subprocess.run([sys.executable, "prepare_data.py", args.text, "--name", "d", "--out-dir", f"{tmp}/data",
+                            "--tokenizer", cfg.train.tokenizer, *vocab, "--val-split", "tail"], cwd=REPO, check=True,
+                           stdout=subprocess.DEVNULL)
+            after = os.times()
+            cpu = after.children_user + after.children_system - child.children_user - child.children_system
+            prep = [("data prep (prepare_data.py subprocess)", [time.perf_counter() - start, cpu])]
+            data = f"{tmp}/data/d"
         flags = [f for kv in args.set for f in ("--set", kv)]
+        prompt = args.sample_prompt or (RunSettings.sample_prompt if demo else "ROMEO:")
         start = now()
-        assert train.main(["--config", args.config, "--data", f"{tmp}/data/d", "--output-dir", f"{tmp}/ckpt",
-                           "--log-dir", f"{tmp}/logs", "--run-name", "r", "--sample-prompt", "ROMEO:", *flags]) == 0
+        assert train.main(["--config", args.config, "--data", "demo" if demo else data, "--output-dir", f"{tmp}/ckpt",
+                           "--log-dir", f"{tmp}/logs", "--run-name", "r", "--sample-prompt", prompt, *flags]) == 0
         total = since(start)
-    cfg = resolve_config(args.config, None, dict(kv.split("=", 1) for kv in args.set))
+        vocab_size = read_manifest(data).vocab_size
+        os.chdir(REPO)
     steps = cfg.train.max_steps
     loop = [e - s - a - b for e, s, a, b in zip(marks["loop end"], marks["loop start"], spent["evals"],
                                                  spent["saves (blocking copy)"])]
     torch.set_float32_matmul_precision(cfg.train.matmul_precision)
-    cfg = type(cfg)(cfg.preset, cfg.model.with_vocab(66), cfg.train)
+    cfg = type(cfg)(cfg.preset, cfg.model.with_vocab(vocab_size), cfg.train)
     start = now()
     bare = bare_loop(cfg, 100, attention=cfg.train.attention)
     bare_cpu = since(start)[1] / (100 + WARMUP)  # bench_train's warm-up steps included
     rows = [("imports: torch", [b - a for a, b in zip(T0, T_TORCH)]),
             ("imports: transformers, accelerate, piconeox", [b - a for a, b in zip(T_TORCH, T_IMPORTS)]),
-            ("data prep (prepare_data.py subprocess)", prep), *sorted(spent.items()),
+            *([] if demo else prep), *sorted(spent.items()),
             (f"training steps ({steps} x {loop[0] / steps * 1000:.1f} ms wall, {loop[1] / steps * 1000:.1f} ms CPU; "
              f"bare loop {bare * 1000:.1f} ms wall, {bare_cpu * 1000:.1f} ms CPU)", loop)]
     rows.append(("other (accelerate, dirs, logging, teardown in main)",

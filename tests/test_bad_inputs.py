@@ -352,6 +352,9 @@ def test_ctrl_c_during_prepare_stops_at_once_and_keeps_the_old_dataset(tmp_path,
     ("benchmarks/shakespeare_char.sh", ["--presets"], "--presets needs a comma-separated list of presets"),
     ("benchmarks/shakespeare_char.sh", ["--fast"],
      "unknown argument --fast (allowed: --vs-nanogpt PATH, --presets LIST)"),
+    ("benchmarks/first_command.sh", ["--baseline"], "--baseline needs a git revision"),
+    ("benchmarks/first_command.sh", ["--baseline", "no-such-rev"], "--baseline no-such-rev is not a commit"),
+    ("benchmarks/first_command.sh", ["--fast"], "unknown argument --fast (allowed: --baseline REV, --config PRESET)"),
 ])
 def test_shell_clis_refuse_bad_values_with_one_line(tmp_path, script, args, message):
     proc = subprocess.run(["bash", str(REPO / script), *args], cwd=tmp_path, capture_output=True, text=True,
