@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from utils.ckpt.format import MARKER, step_dir_name, step_folders
-from utils.ckpt.remote import steps_in
+from utils.ckpt.remote import delete_step, steps_in
 from utils.distributed import broadcast_object
 from utils.errors import PiconeoxError
 from utils.storage import Storage
@@ -48,10 +48,7 @@ def remove_remote(store: Storage, listing=None) -> list[int]:
     names = list(store.list(checksums=False) if listing is None else listing)
     steps = stale(steps_in(names))
     for step in steps:
-        prefix = f"{step_dir_name(step)}/"
-        for name in names:
-            if name.startswith(prefix):
-                store.delete(name)
+        delete_step(store, names, step)
     return steps
 
 

@@ -34,6 +34,15 @@ def steps_in(names: Iterable[str]) -> dict[int, bool]:
     return steps
 
 
+def delete_step(store: Storage, names: Iterable[str], step: int) -> None:
+    """Delete step `step`'s objects among the listing `names`, its marker first: a deletion cut short leaves a
+    partial step (which a later save or start removes), never a complete-looking one with files missing."""
+    prefix = f"{step_dir_name(step)}/"
+    mine = [name for name in names if name.startswith(prefix)]
+    for name in sorted(mine, key=lambda name: name != prefix + MARKER):
+        store.delete(name)
+
+
 def latest_complete_step(steps: dict[int, bool]) -> int | None:
     """The highest step whose marker exists, or None."""
     return max((step for step, complete in steps.items() if complete), default=None)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from utils import ckpt
 from utils.ckpt import partials
-from utils.ckpt.remote import steps_in
+from utils.ckpt.remote import delete_step, steps_in
 from utils.distributed import broadcast_object, gather_object
 from utils.errors import PiconeoxError
 from utils.storage import ObjectExists, Storage
@@ -128,8 +128,4 @@ class StepSaver:
         self._partials_removed = partials.remove_remote(self.store, listing)
         complete = sorted(step for step, done in steps_in(listing).items() if done)
         for step in complete[:-self.keep_remote]:
-            prefix = f"{ckpt.step_dir_name(step)}/"
-            self.store.delete(prefix + ckpt.MARKER)
-            for name in listing:
-                if name.startswith(prefix) and name != prefix + ckpt.MARKER:
-                    self.store.delete(name)
+            delete_step(self.store, listing, step)
