@@ -43,9 +43,12 @@ first_command() {
   echo "$secs $loss"
 }
 
-read -r base_s base_loss <<< "$(first_command "$BASELINE" baseline)"
+# Assigned first: `set -e` stops on a failed command substitution only in an assignment, not inside `read <<<`.
+base_run=$(first_command "$BASELINE" baseline)
+read -r base_s base_loss <<< "$base_run"
 echo "$BASELINE: $(printf %.1f "$base_s") s, demo val loss $base_loss"
-read -r head_s head_loss <<< "$(first_command HEAD head)"
+head_run=$(first_command HEAD head)
+read -r head_s head_loss <<< "$head_run"
 echo "HEAD ($(git rev-parse --short HEAD)): $(printf %.1f "$head_s") s, demo val loss $head_loss"
 echo "first command: $(printf %.1f "$head_s") s, demo val loss $head_loss (HEAD) vs $(printf %.1f "$base_s") s," \
      "$base_loss ($BASELINE), ratio $(echo "scale=4; $head_s / $base_s" | bc | xargs printf %.2f)"

@@ -48,7 +48,8 @@ for preset in ${PRESETS//,/ }; do
   $PY train.py --config "$preset" --data "$OUT/data/$preset" --output-dir "$OUT/ckpt" --log-dir "$OUT/logs" \
     --run-name "$preset" --sample-prompt "${SAMPLE_PROMPT:-ROMEO:}"
   secs=$(seconds_since "$start")
-  read -r random full <<< "$(PYTHONPATH=$PWD $PY benchmarks/char_val_loss.py piconeox "$OUT/ckpt/$preset/final" "$OUT/data/$preset")"
+  scores=$(PYTHONPATH=$PWD $PY benchmarks/char_val_loss.py piconeox "$OUT/ckpt/$preset/final" "$OUT/data/$preset")
+  read -r random full <<< "$scores"  # not `<<< "$(...)"`: set -e ignores a failed substitution there
   echo "piconeox $preset: val loss $random (nanoGPT's estimate: 200 x 12 random blocks of 64), $full (all of val)," \
        "wall time $(printf %.1f "$secs") s (prepare + train)"
   echo "$preset $random $secs" >> "$OUT/ours.txt"
