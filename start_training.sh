@@ -213,7 +213,7 @@ if [ "$dry_run" -eq 1 ]; then
   exit 0
 fi
 
-# One run per name: the preflight takes the run's lock in this script's name (utils/runlock.py), the training
+# One run per name: the preflight takes the run's lock in this script's name (utils/run/runlock.py), the training
 # processes join it, and it is removed once this script and all of them are gone (on every exit path).
 export PICONEOX_RUN_LOCK_OWNER=$$
 if [ "$machines" -gt 1 ]; then export PICONEOX_MACHINE_RANK=$rank; fi
@@ -221,7 +221,7 @@ lock_note=$(mktemp "${TMPDIR:-/tmp}/piconeox-lock.XXXXXX")
 release_lock() {
   local lock
   lock=$(cat "$lock_note" 2>/dev/null || true)
-  if [ -n "$lock" ]; then PYTHONPATH="$ROOT" "$PY" -m utils.runlock release "$lock" $$ || true; fi
+  if [ -n "$lock" ]; then PYTHONPATH="$ROOT" "$PY" -m utils.run.runlock release "$lock" $$ || true; fi
   rm -f "$lock_note"
 }
 trap release_lock EXIT
@@ -240,11 +240,11 @@ echo "start_training.sh: $total training process(es) under accelerate launch (--
 # Run as a child in its own process group, so a terminal's Ctrl-C reaches only this script, and forward
 # Ctrl-C/SIGTERM/SIGHUP to the training processes themselves (the launcher's children): each saves and exits
 # 0, and the launcher then exits 0 too. Signalled itself, accelerate's launcher would die at once with a
-# traceback (or torchrun would report the workers as failed) while train.py is still saving. utils/lifeline.py
+# traceback (or torchrun would report the workers as failed) while train.py is still saving. utils/run/lifeline.py
 # binds accelerate to this script (SIGTERM when it dies, e.g. by SIGKILL), and each train.py to accelerate.
 set -m
 # the run does not repeat the preflight's warnings (PICONEOX_PREFLIGHT_PASSED)
-"$PY" "$ROOT/utils/lifeline.py" $$ env PICONEOX_PREFLIGHT_PASSED=1 "${envs[@]}" "${cmd[@]}" &
+"$PY" "$ROOT/utils/run/lifeline.py" $$ env PICONEOX_PREFLIGHT_PASSED=1 "${envs[@]}" "${cmd[@]}" &
 child=$!
 # The pids whose parent is $1, read from /proc (slim images have no pgrep).
 children_of() {

@@ -106,11 +106,12 @@ def with_init_from(cfg):
 def preflight(cfg, pretrained, processes: int | None = None) -> Path | None:
     """Before the launch, no GPU: check output folders, --data, --init-from, --resume and gs:// credentials
     (configs/run.py checked the rest), then sync a gs:// --data into this machine's cache and return that folder."""
-    from utils import ckpt, runlock
+    from utils.ckpt.format import find_checkpoint
+    from utils.run import runlock
     from utils.data.shards import verify_dataset
     from utils.data.source import DATA_CACHE, check_data_arg, ensure_local
-    from utils.run_folders import check_new_run
-    from utils.trackers import check_wandb_login, parse_report_to
+    from utils.run.run_folders import check_new_run
+    from utils.report.trackers import check_wandb_login, parse_report_to
 
     if (local := check_data_arg(cfg.train)) is not None:
         dataset = verify_dataset(local)  # hashes the shards on first use; the launched run then finds them cached
@@ -131,7 +132,7 @@ def preflight(cfg, pretrained, processes: int | None = None) -> Path | None:
 
             resolve_credentials(s.credentials)  # the key loads; no bucket is read
         if s.resume and s.resume != "auto" and not s.resume.startswith("gs://"):
-            ckpt.find_checkpoint(s.resume, resume=True, flag="--resume ", warn=lambda _: None)
+            find_checkpoint(s.resume, resume=True, flag="--resume ", warn=lambda _: None)
     if cfg.train.data.startswith("gs://"):
         return ensure_local(cfg.train.data, DATA_CACHE, s.credentials)
     return None
@@ -154,14 +155,14 @@ class Run:
     train_loader: object
     val_loader: object
     tokenizer: object
-    state: object  # utils.ckpt.TrainerState: step, tokens seen, best val loss
-    checkpointer: object  # utils.ckpt.Checkpointer over every stateful part
+    state: object  # utils.TrainerState: step, tokens seen, best val loss
+    checkpointer: object  # utils.Checkpointer over every stateful part
     uploader: object  # utils.ckpt.uploader.CheckpointUploader: writes and uploads off the training thread
-    metrics: object  # utils.metrics.MetricsWriter
+    metrics: object  # utils.report.metrics.MetricsWriter
     log: object
-    stop: object  # utils.preemption.StopRequest: signals and upload failures ask for a clean stop
-    report: object  # utils.progress.TrainReport: bar, scalars, eval line, summary
-    vote: object = None  # utils.preemption.StopVote: every rank agrees when to stop
+    stop: object  # utils.run.preemption.StopRequest: signals and upload failures ask for a clean stop
+    report: object  # utils.report.progress.TrainReport: bar, scalars, eval line, summary
+    vote: object = None  # utils.run.preemption.StopVote: every rank agrees when to stop
     saved_step: int = 0  # the step of the newest full checkpoint handed to the uploader
     grad_norm: float = 0.0
 
@@ -174,21 +175,23 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
 
     from configs.model import build_model, count_parameters
     from configs.plan import model_flops_per_token, use_activation_checkpointing
-    from utils import ckpt, runlock
+    from utils.ckpt.checkpointer import Checkpointer, TrainerState, training_parts
+    from utils.ckpt.state import grace_warning
+    from utils.run import runlock
     from utils.ckpt import partials, resume
     from utils.ckpt.uploader import open_uploader
     from utils.data.source import local_dataset, make_loaders
     from utils.data.tokenizers import load_tokenizer
     from utils.distributed import compile_layers, make_accelerator, rank0_decides, weights_come_from_rank0
-    from utils.lifeline import GraceDeadline
+    from utils.run.lifeline import GraceDeadline
     from utils.lm import auto_micro_batch
-    from utils.metrics import MetricsWriter, peak_flops, setup_logging
+    from utils.report.metrics import MetricsWriter, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
-    from utils.preemption import StopRequest
-    from utils.progress import TrainReport, log_start
-    from utils.run_folders import claim_run_dirs, keep_earlier_best
+    from utils.run.preemption import StopRequest
+    from utils.report.progress import TrainReport, log_start
+    from utils.run.run_folders import claim_run_dirs, keep_earlier_best
     from utils.storage.sync import host_dir
-    from utils.trackers import parse_report_to
+    from utils.report.trackers import parse_report_to
 
     s, tc = cfg.run, cfg.train
     transformers.utils.logging.disable_progress_bar()  # save_pretrained's shard bar would break our own bar
@@ -204,7 +207,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     cfg = replace(cfg, model=cfg.model.with_vocab(train_loader.vocab_size)).validate()
     name, run_dir, log_dir = run_dirs(cfg)
     runlock.hold_for_run(cleanup, s.output_dir, name, accelerator)  # every process, for as long as it writes
-    # refused before its first step, the run takes back what it created (utils/run_folders.py)
+    # refused before its first step, the run takes back what it created (utils/run/run_folders.py)
     claim = claim_run_dirs(s.resume, run_dir, log_dir, accelerator.is_main_process, cleanup)
     log = setup_logging(log_dir / "training.log", accelerator.is_main_process)
     metrics = MetricsWriter(log_dir, accelerator.is_main_process, parse_report_to(s.report_to))
@@ -233,7 +236,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
         model.activation_checkpointing_enable()
         log.info("activation checkpointing on: each layer's activations are recomputed in the backward pass")
     n_params = count_parameters(model)
-    if accelerator.is_main_process and (note := ckpt.grace_warning(n_params, accelerator.num_processes,
+    if accelerator.is_main_process and (note := grace_warning(n_params, accelerator.num_processes,
                                                                    s.grace_seconds, uploader.store is not None)):
         log.warning(note)
     sharded = accelerator.is_fsdp2  # prepare() places FSDP2 shards: rank 0's full model never goes to its GPU
@@ -253,10 +256,10 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
         else:
             model = torch.compile(model)  # after prepare(): saved keys never carry `_orig_mod.`
 
-    state = ckpt.TrainerState()
+    state = TrainerState()
     run_config = {**cfg.to_dict(), "data_tokenizer_sha256": tokenizer_sha256, "init_from": s.init_from}
-    parts = ckpt.training_parts(scheduler, accelerator.scaler, train_loader, state, metrics)
-    checkpointer = ckpt.Checkpointer(accelerator.unwrap_model(model, keep_torch_compile=False), optimizer.optimizer,
+    parts = training_parts(scheduler, accelerator.scaler, train_loader, state, metrics)
+    checkpointer = Checkpointer(accelerator.unwrap_model(model, keep_torch_compile=False), optimizer.optimizer,
                                      parts, run_config=run_config, tokenizer=tokenizer,
                                      rank=accelerator.process_index, world_size=accelerator.num_processes)
     if resume_from:
@@ -288,11 +291,12 @@ def train_step(run: Run, batches):
     ranks agreed to stop inside it (the half-done step is dropped: a resume reads its batches again)."""
     import torch
 
-    from utils import ckpt, lm
+    from utils import lm
+    from utils.ckpt.state import rng_state, set_rng_state
 
     tc, acc = run.cfg.train, run.accelerator
     # Only a stop between micro-steps leaves a half-done step to rewind; with one micro-step there is none.
-    start = (run.train_loader.state_dict(), ckpt.rng_state()) if tc.grad_accum_steps > 1 else None
+    start = (run.train_loader.state_dict(), rng_state()) if tc.grad_accum_steps > 1 else None
     loss_sum = torch.zeros((), device=acc.device)
     for micro in range(tc.grad_accum_steps):
         if run.vote():
@@ -306,7 +310,7 @@ def train_step(run: Run, batches):
     if run.vote.stopping:
         if start is not None:
             run.train_loader.load_state_dict(start[0])
-            ckpt.set_rng_state(start[1])
+            set_rng_state(start[1])
         run.optimizer.zero_grad(set_to_none=True)
         return None
     run.grad_norm = acc.clip_grad_norm_(run.model.parameters(), tc.grad_clip)
@@ -320,9 +324,10 @@ def train(run: Run) -> str:
     """The loop: `train_step`, then whatever is due (log, eval, save). Returns why it ended."""
     import time as clock
 
-    from utils import ckpt, lm
+    from utils import lm
+    from utils.ckpt.format import step_dir_name
     from utils.distributed import shorten_timeout, timeouts_line
-    from utils.preemption import StopVote
+    from utils.run.preemption import StopVote
 
     tc, state = run.cfg.train, run.state
     deadline = clock.time() + tc.max_training_hours * 3600 - state.train_seconds if tc.max_training_hours else math.inf
@@ -368,7 +373,7 @@ def train(run: Run) -> str:
             if tc.patience and state.evals_without_improvement >= tc.patience:
                 return f"early stopping: no val improvement in {tc.patience} evaluations"
         if save_due:
-            save(run, run.run_dir / ckpt.step_dir_name(state.step))
+            save(run, run.run_dir / step_dir_name(state.step))
         if eval_due or save_due:
             run.report.speed.restart(state.step)
     return "max steps reached"
@@ -376,25 +381,25 @@ def train(run: Run) -> str:
 
 def read_loss(run: Run, loss_sum) -> float:
     """The step's mean loss over ranks (a host sync); a NaN or inf stops the run and names the step."""
-    from utils import ckpt
+    from utils.ckpt.format import latest_complete
     from utils.lm import TrainingDiverged
 
     loss = run.accelerator.reduce(loss_sum / run.cfg.train.grad_accum_steps, "mean").item()
     if not math.isfinite(loss):
         raise TrainingDiverged(f"loss is {loss} at step {run.state.step}; stopped without saving "
-                               f"(the last good checkpoint is {ckpt.latest_complete(run.run_dir) or 'none'})")
+                               f"(the last good checkpoint is {latest_complete(run.run_dir) or 'none'})")
     return loss
 
 
 def save(run: Run, folder: Path, weights_only: bool = False) -> None:
     """Only the copy of this rank's shard off the device blocks; the uploader threads write, upload, rotate."""
-    from utils import ckpt
+    from utils.ckpt.write import prepare_step_folder
     from utils.ckpt.uploader import SaveRequest
 
     if not weights_only:
         run.saved_step = run.state.step
         if run.accelerator.is_local_main_process:
-            ckpt.prepare_step_folder(folder)  # an interrupted earlier save of this step; before any rank writes
+            prepare_step_folder(folder)  # an interrupted earlier save of this step; before any rank writes
     start = time.monotonic()
     snapshot = run.checkpointer.capture(run.state.step, weights_only=weights_only)
     (run.log.info if run.accelerator.is_main_process else run.log.debug)(
@@ -418,11 +423,12 @@ def finish(run: Run, reason: str) -> int:
     """Save the last step, sample, flush uploads, publish final/ and say where everything is."""
     import torch
 
-    from utils import ckpt
+    from utils.ckpt.format import step_dir_name
+    from utils.ckpt.write import publish_final
     from utils.ckpt.uploader import UploadFailed
-    from utils import exit_status
-    from utils.summary import log_sample, next_commands, where_things_are
-    from utils.upload_report import closing_word
+    from utils import errors
+    from utils.report.summary import log_sample, next_commands, where_things_are
+    from utils.ckpt.upload_report import closing_word
 
     run.report.close()
     run.vote.close()
@@ -433,7 +439,7 @@ def finish(run: Run, reason: str) -> int:
     elif preempted:
         reason = f"{stop.reason}; stopped cleanly"
         log.info(f"{stop.reason}: saving step {state.step} and flushing uploads (grace {stop.grace_seconds:g} s)")
-    last = run.run_dir / ckpt.step_dir_name(state.step)
+    last = run.run_dir / step_dir_name(state.step)
     if run.saved_step != state.step:  # breaks (early stop, signal) can come before a due save
         save(run, last)
     sample = None
@@ -444,7 +450,7 @@ def finish(run: Run, reason: str) -> int:
     not_uploaded = None  # the exit-3 line when the run's newest checkpoint is not in the bucket
     if run.accelerator.is_main_process:
         if tc.best_and_final:
-            ckpt.publish_final(last, run.run_dir / "final", consolidate_weights=not preempted, log=log)
+            publish_final(last, run.run_dir / "final", consolidate_weights=not preempted, log=log)
         cuda = run.accelerator.device.type == "cuda"
         run.report.summary(state.step, reason, state.best_val_loss, run.log_dir, sample,
                            torch.cuda.max_memory_allocated() / 1e9 if cuda else None)
@@ -458,7 +464,7 @@ def finish(run: Run, reason: str) -> int:
     run.accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     run.accelerator.end_training()
     if not_uploaded:
-        return exit_status.finish(exit_status.NOT_UPLOADED, not_uploaded)
+        return errors.finish(errors.NOT_UPLOADED, not_uploaded)
     if run.uploader.fatal:
         raise UploadFailed(run.uploader.fatal)
     return 0
@@ -495,7 +501,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from utils.lifeline import bind_worker
+    from utils.run.lifeline import bind_worker
 
     bind_worker()  # SIGTERM (a clean stop) when the process that started this one dies
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -28,10 +28,12 @@ import torch  # noqa: E402
 
 from configs.model import ModelConfig, build_model  # noqa: E402
 from utils.data.prepare import prepare  # noqa: E402
-from utils import ckpt  # noqa: E402
+from utils.ckpt.checkpointer import Checkpointer, TrainerState, training_parts  # noqa: E402
+from utils.ckpt.format import latest_complete, step_dir_name  # noqa: E402
+from utils.ckpt.state import Snapshot  # noqa: E402
 from utils.data.loader import BlockLoader  # noqa: E402
 from utils.lm import lm_loss  # noqa: E402
-from utils.metrics import MetricsWriter  # noqa: E402
+from utils.report.metrics import MetricsWriter  # noqa: E402
 from utils.optim import build_optimizer, build_scheduler  # noqa: E402
 from utils.storage import open_storage  # noqa: E402
 from utils.data.tokenizers import load_tokenizer  # noqa: E402
@@ -57,9 +59,9 @@ class Run:
         self.loader = BlockLoader(data, "train", SEQ, BATCH, seed=0)
         self.tokenizer = load_tokenizer(data)
         self.metrics = MetricsWriter(log_dir, True)
-        self.state = ckpt.TrainerState()
-        parts = ckpt.training_parts(self.scheduler, None, self.loader, self.state, self.metrics)
-        self.checkpointer = ckpt.Checkpointer(self.model, self.optimizer, parts,
+        self.state = TrainerState()
+        parts = training_parts(self.scheduler, None, self.loader, self.state, self.metrics)
+        self.checkpointer = Checkpointer(self.model, self.optimizer, parts,
                                               run_config={"model": self.cfg.to_dict()}, tokenizer=self.tokenizer)
 
     def step(self) -> float:
@@ -72,7 +74,7 @@ class Run:
         self.state.step += 1
         return time.perf_counter() - start
 
-    def snapshot(self) -> ckpt.Snapshot:
+    def snapshot(self) -> Snapshot:
         return self.checkpointer.capture(self.state.step)
 
 
@@ -115,7 +117,7 @@ def main() -> None:
                 for _ in range(args.saves):
                     steady += [run.step() for _ in range(6)]
                     start = time.perf_counter()
-                    uploader.submit(SaveRequest(run.snapshot(), tmp / "ckpt" / ckpt.step_dir_name(run.state.step)))
+                    uploader.submit(SaveRequest(run.snapshot(), tmp / "ckpt" / step_dir_name(run.state.step)))
                     blocking.append(time.perf_counter() - start)
                     while uploader.pending():
                         in_flight.append(run.step())
@@ -128,10 +130,10 @@ def main() -> None:
                 for _ in range(2):
                     run.step()
                     start = time.perf_counter()
-                    uploader.submit(SaveRequest(run.snapshot(), tmp / "ckpt" / ckpt.step_dir_name(run.state.step)))
+                    uploader.submit(SaveRequest(run.snapshot(), tmp / "ckpt" / step_dir_name(run.state.step)))
                     sync.append(time.perf_counter() - start)
                     assert uploader.poll()[0].ok
-            latest = ckpt.latest_complete(tmp / "ckpt")
+            latest = latest_complete(tmp / "ckpt")
             size_mb = sum(f.stat().st_size for f in latest.iterdir()) / 1e6
         finally:
             stop_server()

@@ -28,8 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from utils import ckpt  # noqa: E402
-from utils.runlock import start_time  # noqa: E402
+from utils.ckpt.format import MARKER, WEIGHTS_FILE, check_complete, latest_complete, step_folders  # noqa: E402
+from utils.run.runlock import start_time  # noqa: E402
 
 TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set", "model.num_heads=4", "--set",
         "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "2", "--lr", "3e-3",
@@ -74,16 +74,16 @@ def phase(work: Path, procs: int, since: float) -> str:
     run, bucket = work / "ckpt" / "r", work / "bucket" / "r"
     try:
         holders = (work / "ckpt" / ".locks" / "r.lock").read_text().count('"rank ')
-        steps = [(folder, folder.stat().st_mtime) for _, folder in ckpt.step_folders(run)]
+        steps = [(folder, folder.stat().st_mtime) for _, folder in step_folders(run)]
     except FileNotFoundError:
         return "startup"
     if holders < procs or not any(mtime >= since for _, mtime in steps):
         return "startup"  # until every rank holds the lock and this attempt has written a step
-    if any(mtime >= since and ckpt.check_complete(folder) is not None for folder, mtime in steps):
+    if any(mtime >= since and check_complete(folder) is not None for folder, mtime in steps):
         return "save"
-    local = ckpt.latest_complete(run)
-    fresh = local and (local / ckpt.MARKER).stat().st_mtime >= since
-    if fresh and ckpt.check_complete(bucket / local.name) is not None:
+    local = latest_complete(run)
+    fresh = local and (local / MARKER).stat().st_mtime >= since
+    if fresh and check_complete(bucket / local.name) is not None:
         return "upload"  # written here, not complete in the bucket yet
     return "training"
 
@@ -135,7 +135,7 @@ def finish(work: Path, data: Path, procs: int, steps: int) -> tuple[int, int]:
 def final_weights(work: Path) -> dict:
     from safetensors.torch import load_file
 
-    return load_file(work / "ckpt" / "r" / "final" / ckpt.WEIGHTS_FILE)
+    return load_file(work / "ckpt" / "r" / "final" / WEIGHTS_FILE)
 
 
 def losses(work: Path) -> dict[int, float]:

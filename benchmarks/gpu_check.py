@@ -197,7 +197,7 @@ def stage_save(out: Path, cpu: bool, steps: int) -> None:
     """One save mid-run (keep_last 1): blocking seconds, write and crc32c GB/s, step time while writing, staged GB;
     the resumed loss curve against a second straight run (the noise floor, not zero: GPU kernels vary): the train
     stage's base run when this DIR has one of the same length, else a run of its own."""
-    from utils import ckpt
+    from utils.ckpt.format import step_dir_name
     from utils.crc import crc32c_file
 
     every = steps // 2
@@ -209,7 +209,7 @@ def stage_save(out: Path, cpu: bool, steps: int) -> None:
     if max(straight, default=0) != steps:  # no train stage in this DIR (or another --steps): a run of its own
         straight = history(run_train(out, "save-b", cpu, [*common, "--save-every", str(10 * steps)])[2])
         shutil.rmtree(out / "ckpt" / "save-b", ignore_errors=True)
-    folder = out / "ckpt" / "save-a" / ckpt.step_dir_name(every)
+    folder = out / "ckpt" / "save-a" / step_dir_name(every)
     rows, text, blocking = history(a), (a / "training.log").read_text(), blocked_seconds(a)  # before the resume appends
     shards = [p for p in folder.glob("*.distcp")] if folder.is_dir() else []
     size = sum(p.stat().st_size for p in folder.iterdir()) if folder.is_dir() else 0
@@ -220,7 +220,7 @@ def stage_save(out: Path, cpu: bool, steps: int) -> None:
     crc_s = time.monotonic() - start
     # the resume's own end-of-run save (keep_last 1) rotates `folder` out: measured above
     _, _, r = run_train(out, "save-a", cpu, [*common, "--save-every", str(10 * steps), "--resume", str(folder)])
-    write = re.search(rf"saved checkpoint \S+{ckpt.step_dir_name(every)} \(([\d.]+) s\)", text)
+    write = re.search(rf"saved checkpoint \S+{step_dir_name(every)} \(([\d.]+) s\)", text)
     quiet = [rows[s]["train/step_time_s"] for s in rows if s > 2 and s not in (every + 1, every + 2)]
     busy = [rows[s]["train/step_time_s"] for s in (every + 1, every + 2) if s in rows]
     record(out, "save", blocking_s=blocking, write_s=float(write.group(1)) if write else None,
@@ -236,12 +236,12 @@ def stage_save(out: Path, cpu: bool, steps: int) -> None:
 def stage_fsdp(out: Path, cpu: bool, steps: int) -> None:
     """FSDP2 with configs/accelerate/fsdp_production.yaml on 1 GPU (CPU mode: 1 process, a gloo group of one; 2 ranks
     are tests/test_distributed.py's): save and resume."""
-    from utils import ckpt
+    from utils.ckpt.format import step_dir_name
 
     every = steps // 2
     common = ["--max-steps", str(steps), "--eval-every", str(10 * steps)]
     ok, _, a = run_train(out, "fsdp", cpu, [*common, "--save-every", str(every), "--keep-last", "2"], fsdp=True)
-    folder = out / "ckpt" / "fsdp" / ckpt.step_dir_name(every)
+    folder = out / "ckpt" / "fsdp" / step_dir_name(every)
     size = sum(p.stat().st_size for p in folder.iterdir()) / GB if folder.is_dir() else None
     ok_r, _, r = run_train(out, "fsdp-resumed", cpu, [*common, "--save-every", str(10 * steps), "--resume",
                                                        str(folder)], fsdp=True)

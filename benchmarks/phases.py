@@ -39,7 +39,10 @@ import train  # noqa: E402
 from benchmarks.bench_train import WARMUP, bare_loop  # noqa: E402
 from configs.presets import resolve_config  # noqa: E402
 from configs.run import RunSettings  # noqa: E402
-from utils import ckpt, lm, metrics, optim, progress, summary  # noqa: E402,F401
+from utils import lm, optim  # noqa: E402,F401
+from utils.ckpt import write as ckpt_write  # noqa: E402
+from utils.ckpt.checkpointer import Checkpointer  # noqa: E402,F401
+from utils.report import metrics, progress, summary  # noqa: E402,F401
 from utils.ckpt import resume, uploader  # noqa: E402,F401
 from utils.data import source  # noqa: E402
 from utils.data.shards import read_manifest  # noqa: E402
@@ -88,9 +91,9 @@ def main() -> None:
     demo = args.text == "demo"
     timed(source, "local_dataset", "data check/load" + (" (demo prepared on first use)" if demo else ""))
     timed(lm, "evaluate", "evals")
-    timed(ckpt.Checkpointer, "capture", "saves (blocking copy)")
+    timed(Checkpointer, "capture", "saves (blocking copy)")
     timed(summary, "log_sample", "final sample")
-    timed(ckpt, "publish_final", "final checkpoint publish")
+    timed(ckpt_write, "publish_final", "final checkpoint publish")
     timed(metrics.MetricsWriter, "plot", "loss plot + history")
     timed(metrics.MetricsWriter, "save_history", "loss plot + history")
     timed(uploader.CheckpointUploader, "close", "wait for saves")

@@ -108,7 +108,7 @@ class Plan:
     steps: int
     total_tokens: int
     flops_per_token: float
-    """Training model FLOPs per token (utils.metrics.model_flops_per_token)."""
+    """Training model FLOPs per token (utils.report.metrics.model_flops_per_token)."""
     ddp: MemoryEstimate
     fsdp: MemoryEstimate
 

@@ -55,9 +55,9 @@ class RunSettings(ConfigBase):
         """Every check that needs no file or bucket, each one line naming the flag; `keep_last` is train.keep_last."""
         from utils.ckpt.uploader import CheckpointUploader
         from utils.distributed import check_timeout
-        from utils.preemption import check_grace_seconds
+        from utils.run.preemption import check_grace_seconds
         from utils.storage import parse_gs_url
-        from utils.trackers import parse_report_to
+        from utils.report.trackers import parse_report_to
 
         check_timeout(self.collective_timeout_minutes)
         check_timeout(self.step_timeout_minutes, "--step-timeout-minutes", 10)

@@ -23,7 +23,7 @@ from rp2040.flash import board_files
 from rp2040.prompt import check_prompt, context_stop, model_config
 from rp2040.uf2 import check_uf2
 from utils.errors import CliParser, PiconeoxError, cli
-from utils.terminal import printable
+from utils.textfile import printable
 
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "emulator.mjs"

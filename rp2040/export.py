@@ -29,7 +29,7 @@ from rp2040.bundle import MODEL_FILES
 from utils.atomic import atomic_write_json
 from utils.ckpt.format import find_checkpoint
 from utils.errors import CliParser, PiconeoxError, cli
-from utils.outputs import atomic_dir, check_output_dir
+from utils.atomic import atomic_dir, check_output_dir
 
 DEFAULT_RAM_BUDGET_KB = 180
 DEFAULT_MIN_FREE_KB = 100
@@ -349,7 +349,7 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
         raise PiconeoxError(f"{src} has no tokenizer.json: the device needs it to encode and decode text")
     from transformers.utils import logging as hf_logging
 
-    from utils.ckpt import load_model  # heavy: only once the arguments are known good
+    from utils.ckpt.load import load_model  # heavy: only once the arguments are known good
 
     hf_logging.disable_progress_bar()  # a 1-second load needs no bar; stderr stays one line on error
     model = load_model(src)  # checked against the marker's crc32c when there is one

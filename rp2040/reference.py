@@ -250,7 +250,7 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
     import torch
     from tokenizers import Tokenizer
 
-    from utils.ckpt import load_model
+    from utils.ckpt.load import load_model
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
     checkpoint = Path(checkpoint or config["source"])

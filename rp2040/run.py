@@ -17,7 +17,7 @@ from rp2040.runtime.generate import prompt_ids, run_session
 from rp2040.runtime.modelfile import FormatError
 from rp2040.runtime.tokenizer import Tokenizer
 from utils.errors import CliParser, PiconeoxError
-from utils.terminal import printable
+from utils.textfile import printable
 
 
 def main(argv: list[str] | None = None) -> int:

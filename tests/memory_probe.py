@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from configs.model import ModelConfig, build_model
-from utils import ckpt
+from utils.ckpt.load import load_sharded
+from utils.ckpt.state import Snapshot, rng_state, staged_share, tensor_bytes, tensor_leaves
 from utils.ckpt.uploader import CheckpointUploader, SaveRequest
 from utils.data.tokenizers import load_tokenizer
 from utils.distributed import cpu_group, make_accelerator, weights_come_from_rank0
@@ -64,13 +65,13 @@ unwrapped = accelerator.unwrap_model(model)
 
 folder = out / "step-00000001"
 base = reset_peak()
-snap = ckpt.Snapshot(step=1, rank=rank, world_size=accelerator.num_processes,
-                     state=ckpt.staged_share(unwrapped, optimizer.optimizer, rank, accelerator.num_processes),
+snap = Snapshot(step=1, rank=rank, world_size=accelerator.num_processes,
+                     state=staged_share(unwrapped, optimizer.optimizer, rank, accelerator.num_processes),
                      weights=None,
-                     rng=ckpt.rng_state(), hf_config=unwrapped.config, tokenizer=load_tokenizer(data),
+                     rng=rng_state(), hf_config=unwrapped.config, tokenizer=load_tokenizer(data),
                      common={"run_config": ("json", {})})
-staged = sum(ckpt.tensor_bytes(t) for _, t in ckpt.tensor_leaves(snap.state))
-one_staged = weakref.ref(next(ckpt.tensor_leaves(snap.state))[1])
+staged = sum(tensor_bytes(t) for _, t in tensor_leaves(snap.state))
+one_staged = weakref.ref(next(tensor_leaves(snap.state))[1])
 uploader = CheckpointUploader(None, keep_local=1, progress=False, group=cpu_group(timedelta(minutes=10)),
                               rank=rank)
 uploader.submit(SaveRequest(snap, folder))
@@ -82,7 +83,7 @@ uploader.close()
 accelerator.wait_for_everyone()
 
 base = reset_peak()
-ckpt.load_sharded(folder, unwrapped, optimizer.optimizer)
+load_sharded(folder, unwrapped, optimizer.optimizer)
 load = peak() - base
 print(json.dumps({"rank": rank, "build_mb": build / MB, "save_mb": save / MB, "load_mb": load / MB,
                   "staged_mb": staged / MB, "freed": freed,

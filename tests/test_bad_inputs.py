@@ -146,7 +146,7 @@ def uf2_block(family: int) -> bytes:
 
 def test_round3_classes_are_one_line_in_every_cli(tmp_path, tmp_path_factory, tiny_data, pico):
     """Issue 21 items 1-5 and 14, issue 24 item 6: each class of mistake, in every CLI of that class, through the
-    one mechanism the class has (utils.outputs, utils.devices, utils.textfile, rp2040.uf2, rp2040.prompt)."""
+    one mechanism the class has (utils.atomic, utils.devices, utils.textfile, rp2040.uf2, rp2040.prompt)."""
     import torch
 
     ckpt, model = pico
@@ -490,7 +490,7 @@ def test_an_earlier_run_is_a_run_record_and_a_refusal_takes_back_only_its_own_fi
     """Issue 24 item 1: a leftover training.log or a note is no run; a record is named; release() removes what this
     attempt added and its lines in an earlier log, never an earlier file."""
     from utils.errors import PiconeoxError
-    from utils.run_folders import RunClaim, check_new_run, run_records
+    from utils.run.run_folders import RunClaim, check_new_run, run_records
 
     run_dir, log_dir = tmp_path / "ckpt" / "r", tmp_path / "logs" / "r"
     log_dir.mkdir(parents=True)

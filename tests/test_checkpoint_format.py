@@ -5,7 +5,9 @@ import torch
 
 from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
 from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils import ckpt
+from utils.ckpt.format import check_complete, read_marker
+from utils.ckpt import state as ckpt_state
+from utils.ckpt.state import rng_state
 
 
 def flip_a_byte(path) -> None:
@@ -29,7 +31,7 @@ def trained(tmp_path_factory, tiny_data):
 
 def test_marker_records_size_and_crc32c_of_every_file(trained):
     _, run_dir, _ = trained
-    marker = ckpt.read_marker(run_dir / "step-00000020")
+    marker = read_marker(run_dir / "step-00000020")
     assert marker["step"] == 20 and marker["world_size"] == 1
     assert {"__0_0.distcp", ".metadata", "rng-00000.pt", "config.json", "trainer.json"} <= set(marker["files"])
     assert all(set(info) == {"size", "crc32c"} for info in marker["files"].values())
@@ -80,7 +82,7 @@ def test_consolidate_a_step_folder_for_from_pretrained(trained, tmp_path, capsys
 
     _, run_dir, _ = trained
     assert consolidate_main([str(run_dir / "step-00000025"), "--out", str(tmp_path / "hf")]) == 0
-    assert ckpt.check_complete(tmp_path / "hf", verify=True) is None
+    assert check_complete(tmp_path / "hf", verify=True) is None
     ours = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     final = AutoModelForCausalLM.from_pretrained(run_dir / "final")  # consolidated by the run itself
     assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), final.state_dict().values()))
@@ -109,13 +111,13 @@ def test_gpu_rng_of_a_bigger_box_restores_on_a_smaller_one(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
     monkeypatch.setattr(torch.cuda, "set_rng_state_all",
                         lambda states: [set_rng_state(s, f"cuda:{i}") for i, s in enumerate(states)])
-    state = ckpt.rng_state()
-    ckpt.set_rng_state(state)
+    state = rng_state()
+    ckpt_state.set_rng_state(state)
     assert calls == [(0, 5)]  # the saving rank's own GPU state, onto this rank's GPU
 
 
 def test_a_grace_period_too_short_for_a_save_is_said_at_start_up(tmp_path, tiny_data):
-    from utils.ckpt import grace_warning
+    from utils.ckpt.state import grace_warning
 
     assert grace_warning(1_414_647_808, 8, 30, bucket=True) is None  # 1.2B on 8 ranks: 2.1 GB per rank fits
     assert "cannot hold a save of 16.98 GB per rank" in grace_warning(1_414_647_808, 1, 30, bucket=True)

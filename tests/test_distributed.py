@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from utils import ckpt
+from utils.ckpt.format import MARKER, check_complete, read_marker, step_dir_name, step_folders
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
@@ -85,7 +85,7 @@ def test_only_the_main_process_writes(two_and_one):
     assert "2 process(es)" in log
     assert log.count("step 6: train loss") == 1
     assert len(list((two / "logs" / "run").glob("events.out.tfevents*"))) == 1
-    assert [s for s, _ in ckpt.step_folders(two / "ckpt" / "run")] == [6, 12]
+    assert [s for s, _ in step_folders(two / "ckpt" / "run")] == [6, 12]
 
 
 @pytest.mark.parametrize("first,then", [("two", 1), ("one", 2)])
@@ -113,7 +113,7 @@ def test_fsdp_config_on_cpu_falls_back_to_data_parallel(tmp_path, tiny_data):
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FSDP needs CUDA; this run uses plain data parallelism on the CPU" in proc.stderr
-    assert ckpt.check_complete(tmp_path / "ckpt" / "fsdp" / "final") is None
+    assert check_complete(tmp_path / "ckpt" / "fsdp" / "final") is None
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_fsdp2_run_ends_cleanly_with_its_sample(fsdp_two):
     assert "collective timeout 10 min from step 2 on (stop vote 10 min, checkpoint savers 60 min)" in log
     assert "sample:\nOnce upon a time" in log
     assert len(losses) == 12
-    assert ckpt.check_complete(out / "ckpt" / "run" / "final") is None
+    assert check_complete(out / "ckpt" / "run" / "final") is None
 
 
 def test_fsdp2_matches_ddp_with_the_same_global_batch(fsdp_two, two_and_one):
@@ -148,12 +148,12 @@ def test_fsdp2_resumes_2_to_4_to_2_ranks_with_the_uninterrupted_losses(fsdp_two,
     """Sharded checkpoints reshard on load: 2-rank step 6 -> 4 ranks (saving step 9) -> 2 ranks to step 12."""
     out, straight, _ = fsdp_two
     step6 = out / "ckpt" / "run" / "step-00000006"
-    assert {"__0_0.distcp", "__1_0.distcp"} <= set(ckpt.read_marker(step6)["files"])  # one shard per rank
+    assert {"__0_0.distcp", "__1_0.distcp"} <= set(read_marker(step6)["files"])  # one shard per rank
     (tmp_path / "four").mkdir()
     (tmp_path / "two").mkdir()
     four, _ = launch(tmp_path / "four", tiny_data, 4, 2, "--resume", str(step6), "--save-every", "3", fsdp=True)
     step9 = tmp_path / "four" / "ckpt" / "run" / "step-00000009"
-    assert ckpt.read_marker(step9)["world_size"] == 4 and "__3_0.distcp" in ckpt.read_marker(step9)["files"]
+    assert read_marker(step9)["world_size"] == 4 and "__3_0.distcp" in read_marker(step9)["files"]
     two, _ = launch(tmp_path / "two", tiny_data, 2, 4, "--resume", str(step9), fsdp=True)
     assert len(four) == len(two) == 12
     assert max(abs(a - b) for a, b in zip(four[6:], straight[6:])) < 1e-4
@@ -215,7 +215,7 @@ def test_two_machines_resume_auto_from_the_same_step_after_one_disk_is_wiped(two
     newest = bucket_step()
     assert newest < 12, "finished before it was killed"
     # The newest upload was cut before its marker: only machine 0's disk has that step complete.
-    (bucket / "run" / ckpt.step_dir_name(newest) / ckpt.MARKER).unlink()
+    (bucket / "run" / step_dir_name(newest) / MARKER).unlink()
     shutil.rmtree(tmp_path / "machine1" / "checkpoints")
 
     procs = machines("--resume", "auto")
@@ -226,7 +226,7 @@ def test_two_machines_resume_auto_from_the_same_step_after_one_disk_is_wiped(two
     assert step == newest - 1  # the newest step that both machines can get
     # machine 1 had nothing left: it fetched exactly rank 0's step from the bucket
     assert [p.name for p in (tmp_path / "machine1" / "checkpoints" / ".remote-cache").rglob("step-*")] == \
-        [ckpt.step_dir_name(step)]
+        [step_dir_name(step)]
     history = json.loads((tmp_path / "machine0" / "logs" / "run" / "history.json").read_text())
     assert [r["train/loss"] for r in history if "train/loss" in r] == straight
 

@@ -28,7 +28,7 @@ def load(folder):
     """Weights and tokenizer of any of our checkpoints (a step folder is sharded: utils.consolidate reads it)."""
     from transformers import AutoTokenizer
 
-    from utils.ckpt import load_model
+    from utils.ckpt.load import load_model
 
     return load_model(folder).eval(), AutoTokenizer.from_pretrained(folder)
 

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from configs.model import ModelConfig, build_model
-from utils import ckpt
+from utils.ckpt.format import check_complete, manifest, step_dir_name, write_marker
+from utils.ckpt.state import Snapshot, rng_state
+from utils.ckpt.write import publish_final, write_shards, write_weights
 from utils.data.demo_corpus import generate_stories
 from utils.data.tokenizers import EOT, _byte_to_unicode, build_tokenizer
 
@@ -34,13 +36,13 @@ def write_run(run_dir, kind):
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     common = {"loader": ("json", {}), "trainer": ("json", {}), "metrics": ("json", {}), "run_config": ("json", {})}
-    snap = dict(step=1, rank=0, world_size=1, rng=ckpt.rng_state(), common=common, hf_config=model.config,
+    snap = dict(step=1, rank=0, world_size=1, rng=rng_state(), common=common, hf_config=model.config,
                 tokenizer=hf_tok)
-    step = run_dir / ckpt.step_dir_name(1)
-    sharded = ckpt.Snapshot(state={"model": dict(model.state_dict()), "optim": {}}, weights=None, **snap)
-    ckpt.write_marker(step, 1, 1, ckpt.manifest(step, ckpt.write_shards(sharded, step)))
-    ckpt.write_weights(ckpt.Snapshot(state=None, weights=dict(model.state_dict()), **snap), run_dir / "best")
-    ckpt.publish_final(step, run_dir / "final", True, logging.getLogger("test"))
+    step = run_dir / step_dir_name(1)
+    sharded = Snapshot(state={"model": dict(model.state_dict()), "optim": {}}, weights=None, **snap)
+    write_marker(step, 1, 1, manifest(step, write_shards(sharded, step)))
+    write_weights(Snapshot(state=None, weights=dict(model.state_dict()), **snap), run_dir / "best")
+    publish_final(step, run_dir / "final", True, logging.getLogger("test"))
     return model
 
 
@@ -61,7 +63,7 @@ def test_hf_folder_reads_the_same_in_transformers_4_and_5(run, folder):
 
     kind, run_dir, model, _ = run
     path = run_dir / folder
-    assert ckpt.check_complete(path, verify=True) is None  # rewritten before the marker: the crc32c still hold
+    assert check_complete(path, verify=True) is None  # rewritten before the marker: the crc32c still hold
     raw = json.loads((path / "config.json").read_text())
     rope = model.config.rope_parameters
     head_dim = model.config.hidden_size // model.config.num_attention_heads
@@ -150,7 +152,7 @@ def test_gguf_tensors_match_the_checkpoint(run, tmp_path):
 def test_gguf_types_and_refusals(run, tmp_path, capsys):
     from gguf import GGMLQuantizationType as Q
 
-    from utils.gguf_export import check_expressible
+    from utils.interop.gguf_export import check_expressible
     from utils.errors import PiconeoxError
     from utils.to_gguf import main
 

@@ -20,8 +20,8 @@ import pytest
 
 from tests.conftest import REPO
 from tests.test_preemption import start_two_ranks
-from utils import ckpt
-from utils import runlock
+from utils.ckpt.format import check_complete, step_dir_name
+from utils.run import runlock
 
 TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set", "model.num_heads=4", "--set",
         "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "2", "--lr", "3e-3"]
@@ -62,14 +62,14 @@ def lock_holders(tmp_path: Path) -> list[dict]:
 def training(tmp_path: Path, procs: int) -> list[int]:
     """Pids of the launcher and every rank, once all ranks hold the lock and the first checkpoint is saved."""
     holders = lock_holders(tmp_path)
-    if len(holders) == procs + 1 and ckpt.check_complete(tmp_path / "ckpt" / "r" / ckpt.step_dir_name(5)) is None:
+    if len(holders) == procs + 1 and check_complete(tmp_path / "ckpt" / "r" / step_dir_name(5)) is None:
         return [h["pid"] for h in holders]
     return []
 
 
 # --- the lock itself -------------------------------------------------------------------------------------
 
-HOLD = "import sys, time\nfrom utils import runlock\nwith runlock.holding(sys.argv[1], 'r', 'train.py'):\n" \
+HOLD = "import sys, time\nfrom utils.run import runlock\nwith runlock.holding(sys.argv[1], 'r', 'train.py'):\n" \
        "    print('held', flush=True)\n    time.sleep(120)\n"
 
 
@@ -94,7 +94,7 @@ def test_a_live_lock_refuses_a_second_writer_and_a_dead_ones_lock_is_taken_over(
     assert not path.parent.exists()  # the last holder removes it (and the .locks folder, now empty)
 
 
-RACE = "import sys, time\nfrom utils import runlock\ntry:\n" \
+RACE = "import sys, time\nfrom utils.run import runlock\ntry:\n" \
        "    runlock.hold(runlock.lock_path(sys.argv[1], 'r'), 'r', 'train.py')\n" \
        "except runlock.RunLocked:\n    sys.exit(2)\ntime.sleep(3)\n"
 
@@ -148,7 +148,7 @@ def test_launcher_killed_the_run_saves_and_stops_and_a_restart_meanwhile_is_refu
     assert time.monotonic() - killed < 20 + 1, (  # within the grace
         [p for p in pids if alive(p)], log[-2000:], (tmp_path / "first.err").read_text()[-2000:])
     step = int(log.split("SIGTERM received: saving step ")[1].split()[0])
-    assert ckpt.check_complete(tmp_path / "ckpt" / "r" / ckpt.step_dir_name(step)) is None
+    assert check_complete(tmp_path / "ckpt" / "r" / step_dir_name(step)) is None
     assert "SIGTERM received; stopped cleanly" in log
     assert lock_holders(tmp_path) == []  # the last rank to leave removed the lock
 
@@ -176,7 +176,7 @@ def test_closing_the_terminal_stops_the_run_cleanly(tmp_path, tiny_data):
     log = (tmp_path / "logs" / "r" / "training.log").read_text()
     assert "SIGHUP received; stopped cleanly" in log
     step = int(log.split("SIGHUP received: saving step ")[1].split()[0])
-    assert ckpt.check_complete(tmp_path / "ckpt" / "r" / ckpt.step_dir_name(step)) is None
+    assert check_complete(tmp_path / "ckpt" / "r" / step_dir_name(step)) is None
     assert not any(alive(p) for p in pids) and lock_holders(tmp_path) == []
 
 
@@ -194,8 +194,8 @@ STUCK_PEER = r"""
 import os, signal, sys
 import torch.distributed as dist
 from accelerate import Accelerator
-from utils.lifeline import GraceDeadline
-from utils.preemption import StopRequest, StopVote
+from utils.run.lifeline import GraceDeadline
+from utils.run.preemption import StopRequest, StopVote
 
 accelerator = Accelerator(cpu=True)
 stop = StopRequest(3)
@@ -230,7 +230,7 @@ def test_a_stop_whose_peer_hangs_ends_within_the_grace():
 
 
 def test_a_process_bound_to_its_launcher_gets_sigterm_when_the_launcher_is_killed():
-    bound = f'"{sys.executable}" "{REPO}/utils/lifeline.py" $$ sleep 60 & echo $!; wait'
+    bound = f'"{sys.executable}" "{REPO}/utils/run/lifeline.py" $$ sleep 60 & echo $!; wait'
     launcher = subprocess.Popen(["bash", "-c", bound], stdout=subprocess.PIPE, text=True)
     child = int(launcher.stdout.readline())
     time.sleep(0.5)  # bound by now

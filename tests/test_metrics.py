@@ -1,4 +1,5 @@
-"""utils/metrics.py: log file, TensorBoard events, history.json, loss plot, progress bar, FLOPs/MFU, GPU stats."""
+"""utils/report/metrics.py: log file, TensorBoard events, history.json, loss plot, progress bar, FLOPs/MFU,
+GPU stats."""
 import json
 import logging
 
@@ -7,8 +8,8 @@ import torch
 
 from configs.model import MODEL_PRESETS, PRODUCTION, build_model, count_parameters
 from configs.plan import matmul_params, model_flops_per_token
-from utils.metrics import MetricsWriter, gpu_stats, mfu, peak_flops, setup_logging
-from utils.progress import ProgressBar
+from utils.report.metrics import MetricsWriter, gpu_stats, mfu, peak_flops, setup_logging
+from utils.report.progress import ProgressBar
 
 
 def read_scalars(log_dir, key):

@@ -6,17 +6,17 @@ import pytest
 
 from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
 from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils import ckpt
+from utils.ckpt.format import MARKER, manifest, step_dir_name, step_folders, write_marker
 from utils.ckpt.remote import remote_steps
 from utils.storage import open_storage
 
 
 def step_folder(run_dir, step: int, complete: bool):
-    folder = run_dir / ckpt.step_dir_name(step)
+    folder = run_dir / step_dir_name(step)
     folder.mkdir(parents=True)
     (folder / "__0_0.distcp").write_bytes(b"shard")
     if complete:
-        ckpt.write_marker(folder, step, 1, ckpt.manifest(folder, ["__0_0.distcp"]))
+        write_marker(folder, step, 1, manifest(folder, ["__0_0.distcp"]))
     return folder
 
 
@@ -26,7 +26,7 @@ def test_only_partials_older_than_the_newest_complete_step_go(tmp_path):
     for step, complete in ((10, True), (15, False), (20, True), (25, False)):
         step_folder(tmp_path, step, complete)
     assert remove_local(tmp_path) == [15]
-    assert [step for step, _ in ckpt.step_folders(tmp_path)] == [10, 20, 25]
+    assert [step for step, _ in step_folders(tmp_path)] == [10, 20, 25]
 
 
 def test_a_machine_holding_only_shards_follows_rank_0(tmp_path):
@@ -37,7 +37,7 @@ def test_a_machine_holding_only_shards_follows_rank_0(tmp_path):
         step_folder(tmp_path, step, complete=False)
     assert remove_local(tmp_path) == []  # without rank 0's word nothing is known complete: nothing goes
     assert remove_local(tmp_path, complete={10, 20}) == [15]
-    assert [step for step, _ in ckpt.step_folders(tmp_path)] == [10, 20, 25]
+    assert [step for step, _ in step_folders(tmp_path)] == [10, 20, 25]
 
 
 @pytest.mark.parametrize("where", ["local", "gcs"])
@@ -54,16 +54,16 @@ def test_next_run_removes_partial_steps_of_crashed_attempts(tmp_path, tiny_data,
     code, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "20", *common)
     assert code == 0
     for step in (15, 25):  # a killed save: every file but the marker
-        shutil.copytree(run_dir / "step-00000010", run_dir / ckpt.step_dir_name(step))
-        (run_dir / ckpt.step_dir_name(step) / ckpt.MARKER).unlink()
+        shutil.copytree(run_dir / "step-00000010", run_dir / step_dir_name(step))
+        (run_dir / step_dir_name(step) / MARKER).unlink()
     if bucket:
         for step in (5, 15, 25):  # what a killed upload leaves in the bucket
-            bucket.put(run_dir / "step-00000010" / "rng-00000.pt", f"{ckpt.step_dir_name(step)}/rng-00000.pt")
+            bucket.put(run_dir / "step-00000010" / "rng-00000.pt", f"{step_dir_name(step)}/rng-00000.pt")
         assert remote_steps(bucket) == {5: False, 10: True, 15: False, 20: True, 25: False}
 
     code, _, _ = run(tmp_path, tiny_data, "--max-steps", "30", "--resume", "auto", *common)
     assert code == 0
-    assert [step for step, _ in ckpt.step_folders(run_dir)] == [10, 20, 30]
+    assert [step for step, _ in step_folders(run_dir)] == [10, 20, 30]
     if bucket:
         assert remote_steps(bucket) == {10: True, 20: True, 30: True}
     log = (tmp_path / "logs" / "run" / "training.log").read_text().splitlines()

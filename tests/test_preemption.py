@@ -12,9 +12,10 @@ import pytest
 from tests.conftest import REPO
 from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
 from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils import ckpt, lm
+from utils import lm
+from utils.ckpt.format import check_complete, latest_complete, step_dir_name
 from utils.errors import PiconeoxError
-from utils.preemption import StopRequest
+from utils.run.preemption import StopRequest
 
 
 def test_signal_sets_the_flag_and_handlers_come_back():
@@ -35,7 +36,7 @@ RANKS_SCRIPT = r"""
 import json, math, os, signal, sys, time
 import torch
 from accelerate import Accelerator
-from utils.preemption import StopRequest, StopVote
+from utils.run.preemption import StopRequest, StopVote
 
 mode = sys.argv[1]
 accelerator = Accelerator(cpu=True)
@@ -120,7 +121,7 @@ def test_sigterm_inside_gradient_accumulation_resumes_exactly(tmp_path, tiny_dat
     log = (tmp_path / "b" / "logs" / "run" / "training.log").read_text()
     assert code == 0 and len(losses) == 5
     assert "SIGTERM received: saving step 5" in log and "SIGTERM received; stopped cleanly" in log
-    assert ckpt.latest_complete(run_dir) == run_dir / "step-00000005"
+    assert latest_complete(run_dir) == run_dir / "step-00000005"
     monkeypatch.undo()
     code, resumed, _ = run(tmp_path / "b", tiny_data, *common, "--resume", "auto")
     assert code == 0 and resumed == straight  # the half-done step 6 was dropped and redone identically
@@ -132,7 +133,7 @@ def test_sigterm_inside_eval_stops_without_a_val_loss(tmp_path, tiny_data, monke
     history = json.loads((tmp_path / "logs" / "run" / "history.json").read_text())
     assert code == 0 and len(losses) == 5
     assert not [h for h in history if "val/loss" in h]  # an interrupted eval records nothing
-    assert ckpt.check_complete(run_dir / "step-00000005") is None and ckpt.check_complete(run_dir / "final") is None
+    assert check_complete(run_dir / "step-00000005") is None and check_complete(run_dir / "final") is None
 
 
 def test_sigterm_to_a_training_process_saves_locally_and_remotely(tmp_path, tiny_data, gcs_emulator):
@@ -154,7 +155,7 @@ def test_sigterm_to_a_training_process_saves_locally_and_remotely(tmp_path, tiny
     assert time.monotonic() - sent < 20  # within the grace budget
     text = log.read_text()
     step = int(text.split("SIGTERM received: saving step ")[1].split()[0])
-    folder = ckpt.step_dir_name(step)
-    assert ckpt.check_complete(tmp_path / "ckpt" / "run" / folder) is None
+    folder = step_dir_name(step)
+    assert check_complete(tmp_path / "ckpt" / "run" / folder) is None
     assert json.loads(gcs_emulator.read(f"ckpt/run/{folder}/COMPLETE"))["step"] == step
     assert f"uploaded to {gcs_emulator.url('ckpt')}/run/{folder}" in text and "Traceback" not in err

@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import REPO
 from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils import ckpt
+from utils.ckpt.format import check_complete, latest_complete, step_dir_name
 from utils.errors import PiconeoxError
 from utils.ckpt.remote import latest_complete_step, remote_steps
 from utils.ckpt.resume import candidates, fetch
@@ -41,7 +41,7 @@ def test_kill_9_at_five_random_points_then_resume_gives_the_uninterrupted_losses
     remote = open_storage(gcs_emulator.url("ckpt/run"))
 
     def local_step() -> int:
-        newest = ckpt.latest_complete(run_dir, warn=lambda _: None)
+        newest = latest_complete(run_dir, warn=lambda _: None)
         return int(newest.name[5:]) if newest else 0
 
     def wait_until(done, proc) -> None:
@@ -88,7 +88,7 @@ def test_remote_folder_without_marker_is_never_chosen(tmp_path, tiny_data, remot
     assert remote_steps(open_storage(url)) == {10: True, 20: False, 30: False}
     [point] = candidates(url, tmp_path, None, None, 60, print)
     folder = fetch(point, tmp_path / "cache", None, 60)
-    assert folder.name == "step-00000010" and ckpt.check_complete(folder, verify=True) is None
+    assert folder.name == "step-00000010" and check_complete(folder, verify=True) is None
     with pytest.raises(PiconeoxError, match="step-00000030: no COMPLETE marker there"):
         candidates(f"{url}/step-00000030", tmp_path, None, None, 60, print)
     # the trainer, on a fresh machine, resumes from the bucket's step 10
@@ -118,7 +118,7 @@ def test_truncated_local_checkpoint_falls_back_to_the_previous(tmp_path, tiny_da
     assert f"resumed from {run_dir / 'step-00000010'} at step 10" in log
     # a missing file is reported the same way
     (run_dir / "step-00000020" / "scheduler.pt").unlink()
-    assert ckpt.check_complete(run_dir / "step-00000020").endswith("is damaged: scheduler.pt is missing")
+    assert check_complete(run_dir / "step-00000020").endswith("is damaged: scheduler.pt is missing")
 
 
 def test_auto_prefers_a_newer_local_checkpoint_over_the_bucket(tmp_path, tiny_data, remote_run):
@@ -147,7 +147,7 @@ def test_bucket_down_at_start_resumes_locally_and_training_goes_on(tmp_path, tin
     assert "--resume auto: could not list gs://piconeox-down/ckpt/run, using local checkpoints only" in log
     assert f"resumed from {run_dir / 'step-00000010'} at step 10" in log
     assert "step-00000012: upload failed" in log and "(1 failure(s) in a row, 1 in total; fatal at 3)" in log
-    assert ckpt.check_complete(run_dir / "step-00000012") is None
+    assert check_complete(run_dir / "step-00000012") is None
     history = json.loads((tmp_path / "logs" / "run" / "history.json").read_text())
     assert [h["upload/failures"] for h in history if "upload/failures" in h] == [1]  # also in TensorBoard
 
@@ -165,7 +165,7 @@ def test_a_checkpoint_that_never_reached_a_directory_bucket_exits_3_and_push_fin
                                 "--max-upload-failures", "1000", "--grace-seconds", "1")
     err = capsys.readouterr().err
     log = (tmp_path / "logs" / "run" / "training.log").read_text()
-    last = ckpt.step_dir_name(len(losses))
+    last = step_dir_name(len(losses))
     assert code == 3 and f"stopped at step {len(losses)}: time limit" in log
     assert f"bucket {bucket}/run: " in log and f"{last}" in log.split(f"bucket {bucket}/run: ")[1].splitlines()[0]
     (line,) = [line for line in err.splitlines() if line.startswith("error:")]
@@ -184,7 +184,7 @@ def test_a_checkpoint_that_never_reached_a_directory_bucket_exits_3_and_push_fin
     code, _, _ = run(tmp_path, tiny_data, "--max-steps", str(len(losses) + 1), "--checkpoint-bucket", str(bucket),
                      "--resume", "auto")
     log = (tmp_path / "logs" / "run" / "training.log").read_text()
-    newest = ckpt.step_dir_name(len(losses) + 1)
+    newest = step_dir_name(len(losses) + 1)
     # exit 0: the newest is there (an older local step of the first attempt is still listed as never arrived)
     assert code == 0 and f"bucket {bucket}/run: newest verified checkpoint {newest}" in log
 

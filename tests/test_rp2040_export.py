@@ -11,7 +11,7 @@ from rp2040.export import Vocab, export
 from rp2040.runtime.gpt import GPT
 from rp2040.runtime.modelfile import FormatError
 from rp2040.runtime.tokenizer import StreamDecoder, Tokenizer
-from utils import ckpt
+from utils.ckpt.format import manifest, write_marker
 from utils.errors import PiconeoxError
 from utils.data.tokenizers import build_tokenizer, save_tokenizer
 
@@ -96,7 +96,7 @@ def test_checkpoint_forms(tmp_path):
     step = _save(model, tmp_path / "run" / "step-00000100")
     with pytest.raises(PiconeoxError, match="no COMPLETE marker"):
         export(step, tmp_path / "a")
-    ckpt.write_marker(step, 100, 1, ckpt.manifest(step, [p.name for p in step.iterdir()]))
+    write_marker(step, 100, 1, manifest(step, [p.name for p in step.iterdir()]))
     assert export(step, tmp_path / "a")["source"] == str(step)
     with pytest.raises(PiconeoxError, match="run folder without best/ or final/: give one of its steps"):
         export(tmp_path / "run", tmp_path / "b")

@@ -12,7 +12,7 @@ import torch
 
 from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
 from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils import ckpt
+from utils.ckpt.format import DCP_INDEX, MARKER, check_complete, manifest, read_marker, write_marker
 from utils.storage import open_storage
 
 STEP = "step-00000010"
@@ -38,8 +38,8 @@ def torch_bytes(obj) -> bytes:
 def poison(folder: Path, name: str, flag: Path) -> None:
     """Hide a Payload in `folder/name`, the rest of the file still valid, and recompute the COMPLETE marker."""
     path = folder / name
-    meta = pickle.loads((folder / ckpt.DCP_INDEX).read_bytes())  # our own fixture's index: trusted
-    if name == ckpt.DCP_INDEX:
+    meta = pickle.loads((folder / DCP_INDEX).read_bytes())  # our own fixture's index: trusted
+    if name == DCP_INDEX:
         meta.payload = Payload(flag)
         path.write_bytes(pickle.dumps(meta))
     elif name.endswith(".distcp"):  # a non-tensor value (an optimizer hyperparameter) now points at the payload
@@ -50,14 +50,14 @@ def poison(folder: Path, name: str, flag: Path) -> None:
                                                        length=len(payload))
         with open(path, "ab") as f:
             f.write(payload)
-        (folder / ckpt.DCP_INDEX).write_bytes(pickle.dumps(meta))
+        (folder / DCP_INDEX).write_bytes(pickle.dumps(meta))
     else:
         state = torch.load(path, weights_only=False) if path.exists() else {"scale": 65536.0}
         path.write_bytes(torch_bytes({**state, "payload": Payload(flag)}))
-    marker = ckpt.read_marker(folder)
+    marker = read_marker(folder)
     names = set(marker["files"]) | {name}
-    ckpt.write_marker(folder, marker["step"], marker["world_size"], ckpt.manifest(folder, sorted(names)))
-    assert ckpt.check_complete(folder, verify=True) is None
+    write_marker(folder, marker["step"], marker["world_size"], manifest(folder, sorted(names)))
+    assert check_complete(folder, verify=True) is None
 
 
 def unrestricted_load(folder: Path, name: str) -> None:
@@ -130,7 +130,7 @@ def test_resume_from_the_bucket_refuses_a_payload(work, tiny_data, gcs_emulator,
     folder, flag = work / "ckpt" / "run" / STEP, work / "PWNED"
     poison(folder, name, flag)
     remote = open_storage(gcs_emulator.url("team/run")).child(STEP)
-    for path in sorted(folder.iterdir(), key=lambda p: p.name == ckpt.MARKER):  # the marker last
+    for path in sorted(folder.iterdir(), key=lambda p: p.name == MARKER):  # the marker last
         remote.put(path, path.name)
     fresh = work / "fresh"
     capsys.readouterr()
@@ -149,7 +149,7 @@ def test_tools_refuse_a_payload_in_the_index(work, tiny_data, capsys):
     from utils.to_gguf import main as gguf_main
 
     folder, flag = work / "ckpt" / "run" / STEP, work / "PWNED"
-    poison(folder, ckpt.DCP_INDEX, flag)
+    poison(folder, DCP_INDEX, flag)
     text = work / "text.txt"
     text.write_text("Once upon a time there was a test.\n")
     calls = {"consolidate": lambda: consolidate_main([str(folder), "--out", str(work / "hf")]),
@@ -160,7 +160,7 @@ def test_tools_refuse_a_payload_in_the_index(work, tiny_data, capsys):
              "init-from": lambda: run(work / "init", tiny_data, "--max-steps", "1", "--init-from", str(folder))[0]}
     capsys.readouterr()
     for tool, call in calls.items():
-        assert_refused(call(), capsys, folder / ckpt.DCP_INDEX, flag)
+        assert_refused(call(), capsys, folder / DCP_INDEX, flag)
     assert not (work / "hf").exists() and not (work / "pico").exists() and not (work / "model.gguf").exists()
 
 

@@ -181,7 +181,7 @@ def test_a_resumed_wandb_run_says_what_happens_to_the_steps_past_its_checkpoint(
     """Issue 21 item 12: W&B keeps only increasing steps; the log says which values a resume cannot replace."""
     import wandb
 
-    from utils.metrics import MetricsWriter
+    from utils.report.metrics import MetricsWriter
 
     writer = MetricsWriter(tmp_path / "logs" / "r", True, ("wandb",))
     writer.load_state_dict({"history": [{"step": 10, "train/loss": 2.0}], "tracker_run_ids": {"wandb": "abc123"}})

@@ -6,7 +6,10 @@ import pytest
 import torch
 
 import train
-from utils import ckpt
+from utils.ckpt.checkpointer import Checkpointer, TrainerState, training_parts
+from utils.ckpt.format import (DCP_INDEX, MARKER, check_complete, latest_complete, manifest, rotate, step_dir_name,
+                               step_folders, write_marker)
+from utils.ckpt.write import write_shards
 
 TINY = ["--config", "test", "--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
         "model.num_heads=4", "--set", "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4",
@@ -42,9 +45,9 @@ def test_loss_falls_and_outputs_exist(tmp_path, tiny_data):
     assert (logs / "training.log").read_text().count("perplexity") == 3
     assert any(p.name.startswith("events.out.tfevents") for p in logs.rglob("*"))
     assert (logs / "loss.png").stat().st_size > 1000
-    assert [s for s, _ in ckpt.step_folders(run_dir)] == [10, 20, 30]
+    assert [s for s, _ in step_folders(run_dir)] == [10, 20, 30]
     for folder in ("best", "final", "step-00000030"):
-        assert ckpt.check_complete(run_dir / folder) is None
+        assert check_complete(run_dir / folder) is None
 
 
 def test_eager_attention_and_medium_matmul_precision_learn_what_the_defaults_learn(tmp_path, tiny_data):
@@ -84,7 +87,7 @@ def test_best_and_final_load_with_auto_classes_and_generate(tmp_path, tiny_data)
         text = sample_text(model, tok, "Once upon a time", max_new_tokens=20, seed=1)
         assert text.startswith("Once upon a time") and len(text) > len("Once upon a time")
     # final/ is also resumable (the sharded state of its step); best/ holds weights only
-    assert (run_dir / "final" / ckpt.DCP_INDEX).exists() and not (run_dir / "best" / ckpt.DCP_INDEX).exists()
+    assert (run_dir / "final" / DCP_INDEX).exists() and not (run_dir / "best" / DCP_INDEX).exists()
     assert generate_main([str(run_dir / "final"), "--eval-data", str(tiny_data), "--eval-batches", "2"]) == 0
     assert generate_main([str(run_dir), "--max-new-tokens", "3"]) == 0  # a run directory means its best/
     assert generate_main([str(run_dir / "nope")]) == 2
@@ -95,7 +98,7 @@ def test_checkpoint_of_compiled_model_loads_into_plain_model(tmp_path, tiny_data
 
     from configs.model import MODEL_PRESETS, build_model
     from utils.data.loader import BlockLoader
-    from utils.metrics import MetricsWriter
+    from utils.report.metrics import MetricsWriter
     from utils.optim import build_optimizer, build_scheduler
     from utils.data.tokenizers import load_tokenizer
 
@@ -106,15 +109,15 @@ def test_checkpoint_of_compiled_model_loads_into_plain_model(tmp_path, tiny_data
     compiled = torch.compile(model, backend="eager")  # the real inductor costs ~1 min on CPU; the wrapper is the same
     unwrapped = accelerator.unwrap_model(compiled, keep_torch_compile=False)
     loader = BlockLoader(tiny_data, "train", 16, 2)
-    parts = ckpt.training_parts(build_scheduler(optimizer, 1, 10, 0.1), None, loader, ckpt.TrainerState(),
+    parts = training_parts(build_scheduler(optimizer, 1, 10, 0.1), None, loader, TrainerState(),
                                 MetricsWriter(tmp_path, True))
-    snap = ckpt.Checkpointer(unwrapped, optimizer.optimizer, parts, run_config={},
+    snap = Checkpointer(unwrapped, optimizer.optimizer, parts, run_config={},
                              tokenizer=load_tokenizer(tiny_data)).capture(1)
     folder = tmp_path / "step-00000001"
-    ckpt.write_marker(folder, 1, 1, ckpt.manifest(folder, ckpt.write_shards(snap, folder)))
+    write_marker(folder, 1, 1, manifest(folder, write_shards(snap, folder)))
     from torch.distributed.checkpoint import FileSystemReader
 
-    from utils.ckpt import load_model
+    from utils.ckpt.load import load_model
 
     keys = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
     assert "model.gpt_neox.embed_in.weight" in keys and not [k for k in keys if "_orig_mod" in k]
@@ -126,7 +129,7 @@ def test_checkpoint_of_compiled_model_loads_into_plain_model(tmp_path, tiny_data
 def test_time_limit_saves_and_exits_zero(tmp_path, tiny_data):
     code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "100000", "--max-training-hours", "0.0003")
     assert code == 0 and 0 < len(losses) < 100000
-    assert ckpt.check_complete(run_dir / "final") is None
+    assert check_complete(run_dir / "final") is None
     assert "time limit of 0.0003 h reached" in (tmp_path / "logs" / "run" / "training.log").read_text()
 
 
@@ -177,7 +180,7 @@ def test_bad_data_and_resume_targets(tmp_path, tiny_data, capsys):
     assert run(tmp_path, tiny_data, "--max-steps", "2", "--set", "model.vocab_size=100")[0] == 2
     assert "model.vocab_size=100 is smaller than the dataset tokenizer's 256" in capsys.readouterr().err
     _, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "2", "--save-every", "2")
-    (run_dir / "step-00000002" / ckpt.MARKER).unlink()
+    (run_dir / "step-00000002" / MARKER).unlink()
     assert run(tmp_path, tiny_data, "--max-steps", "4", "--resume", str(run_dir / "step-00000002"))[0] == 2
     assert "has no COMPLETE marker" in capsys.readouterr().err
     assert run(tmp_path, tiny_data, "--max-steps", "4", "--resume", str(run_dir / "best"))[0] == 2
@@ -192,7 +195,7 @@ def test_nan_loss_stops_and_names_the_step(tmp_path, tiny_data, capsys):
                            "--warmup-steps", "0", "--set", "train.grad_clip=1e30")
     err = capsys.readouterr().err
     assert code == 2 and "at step" in err and "stopped without saving" in err
-    assert ckpt.latest_complete(run_dir) is not None  # the last good checkpoint is kept
+    assert latest_complete(run_dir) is not None  # the last good checkpoint is kept
     assert not (run_dir / "final").exists()
 
 
@@ -247,12 +250,12 @@ def test_cpu_fallbacks_are_reported(tmp_path, tiny_data):
 
 def test_rotate_also_removes_leftovers_of_interrupted_writes(tmp_path):
     for step in (1, 2, 3):
-        folder = tmp_path / ckpt.step_dir_name(step)
+        folder = tmp_path / step_dir_name(step)
         folder.mkdir()
-        (folder / ckpt.MARKER).write_text(json.dumps({"step": step, "files": {}}))
+        (folder / MARKER).write_text(json.dumps({"step": step, "files": {}}))
     (tmp_path / ".step-00000001.tmp").mkdir()  # a write killed half-way
     (tmp_path / ".step-00000003.tmp").mkdir()  # newer than the cutoff: kept
-    ckpt.rotate(tmp_path, keep_last=2)
+    rotate(tmp_path, keep_last=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".step-00000003.tmp", "step-00000002", "step-00000003"]
 
 

@@ -14,12 +14,15 @@ import torch
 
 from configs.model import ModelConfig, build_model
 from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils import ckpt
-from utils.ckpt import load_model
+from utils.ckpt.checkpointer import Checkpointer, TrainerState, training_parts
+from utils.ckpt.format import MARKER, check_complete, read_marker, step_dir_name, step_folders
+from utils.ckpt.load import read_part
+from utils.ckpt.state import Snapshot
+from utils.ckpt.load import load_model
 from utils.errors import PiconeoxError
 from utils.lm import lm_loss
 from utils.data.loader import BlockLoader
-from utils.metrics import MetricsWriter
+from utils.report.metrics import MetricsWriter
 from utils.optim import build_optimizer, build_scheduler
 from utils.ckpt.remote import download_checkpoint, latest_complete_step, remote_steps
 from utils.storage import Storage, open_storage
@@ -42,7 +45,7 @@ class Trainer:
         self.loader = BlockLoader(data_dir, "train", 32, 4, seed=1)
         self.tokenizer = load_tokenizer(data_dir)
         self.metrics = MetricsWriter(log_dir, True)
-        self.state = ckpt.TrainerState()
+        self.state = TrainerState()
         self.run_config = {"model": cfg.to_dict()}
 
     def step(self) -> None:
@@ -53,9 +56,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
 
-    def snapshot(self) -> ckpt.Snapshot:
-        parts = ckpt.training_parts(self.scheduler, None, self.loader, self.state, self.metrics)
-        checkpointer = ckpt.Checkpointer(self.model, self.optimizer, parts, run_config=self.run_config,
+    def snapshot(self) -> Snapshot:
+        parts = training_parts(self.scheduler, None, self.loader, self.state, self.metrics)
+        checkpointer = Checkpointer(self.model, self.optimizer, parts, run_config=self.run_config,
                                          tokenizer=self.tokenizer)
         return checkpointer.capture(self.state.step)
 
@@ -144,7 +147,7 @@ def latest_loads(store: Storage, cache: Path) -> int:
     step = latest_complete_step(remote_steps(store))
     folder = download_checkpoint(store, step, cache, progress=False)
     model = load_model(folder)  # crc32c-verified against the marker
-    assert ckpt.read_part(folder, "trainer")["step"] == step and model.num_parameters() > 0
+    assert read_part(folder, "trainer")["step"] == step and model.num_parameters() > 0
     return step
 
 
@@ -158,9 +161,9 @@ def test_background_upload_marker_last_and_bytes_equal(trainer, tmp_path, fake_g
         [result] = uploader.poll()
     assert result.ok and result.uploaded_to == f"{fake_gcs.url('ckpt')}/run/step-00000001"
     local = run_dir / "step-00000001"
-    assert ckpt.check_complete(local) is None
+    assert check_complete(local) is None
     blobs = {b.name.rsplit("/", 1)[1]: b for b in fake_gcs.client.list_blobs(fake_gcs.bucket, prefix="ckpt/run/")}
-    assert set(blobs) == set(ckpt.read_marker(local)["files"]) | {ckpt.MARKER}
+    assert set(blobs) == set(read_marker(local)["files"]) | {MARKER}
     for name, blob in blobs.items():
         assert fake_gcs.read(blob.name) == (local / name).read_bytes()
     # fake-gcs-server numbers generations by time: the marker is the last object written
@@ -192,12 +195,12 @@ def test_keeps_last_n_remote_and_local_and_ignores_incomplete(trainer, tmp_path,
         for _ in range(5):
             trainer.step()
             trainer.step()
-            uploader.submit(SaveRequest(trainer.snapshot(), run_dir / ckpt.step_dir_name(trainer.state.step)))
+            uploader.submit(SaveRequest(trainer.snapshot(), run_dir / step_dir_name(trainer.state.step)))
             assert uploader.flush(timeout=60)
         assert all(r.ok for r in uploader.poll())
     steps = remote_steps(store)
     assert steps == {8: True, 10: True}  # older complete ones pruned, the partial one too (older than step 2)
-    assert [s for s, _ in ckpt.step_folders(run_dir)] == [6, 8, 10]
+    assert [s for s, _ in step_folders(run_dir)] == [6, 8, 10]
     assert latest_loads(store, tmp_path / "cache") == 10
 
 
@@ -222,7 +225,7 @@ def test_server_killed_during_upload_training_goes_on(trainer, tmp_path, emulato
         assert steps_while_uploading > 0
         assert not failed.ok and "upload failed" in failed.error and uploader.failures == 1 and uploader.fatal is None
         assert "step-00000002: upload failed" in caplog.text  # logged as an error on the training thread
-        assert ckpt.check_complete(run_dir / "step-00000002") is None  # the local checkpoint is whole
+        assert check_complete(run_dir / "step-00000002") is None  # the local checkpoint is whole
 
         emulator.start()
         assert remote_steps(store)[2] is False  # the cut upload left files, never a marker
@@ -245,14 +248,14 @@ def test_dead_server_backpressure_then_fatal(trainer, tmp_path, emulator, caplog
     with uploader:
         for _ in range(3):  # faster than the uploader can go: submit() waits rather than queue a third snapshot
             trainer.step()
-            uploader.submit(SaveRequest(trainer.snapshot(), run_dir / ckpt.step_dir_name(trainer.state.step)))
+            uploader.submit(SaveRequest(trainer.snapshot(), run_dir / step_dir_name(trainer.state.step)))
             assert uploader.pending() <= 2
         assert [r.step for r in uploader.poll()] == [1]  # the third got its slot only once the first was over
         assert uploader.flush(timeout=60)
         assert "flush checkpoints" in capsys.readouterr().err  # the progress line
         results = uploader.poll()
     assert [r.step for r in results] == [2, 3] and all("upload failed" in r.error for r in results)
-    assert all(ckpt.check_complete(run_dir / ckpt.step_dir_name(s)) is None for s in (1, 2, 3))  # all written
+    assert all(check_complete(run_dir / step_dir_name(s)) is None for s in (1, 2, 3))  # all written
     assert uploader.consecutive_failures == 3
     assert uploader.fatal.startswith("3 checkpoint saves failed in a row (--max-upload-failures 3)")
     emulator.start()
@@ -280,7 +283,7 @@ def test_synchronous_mode_and_bad_settings(trainer, tmp_path):
     uploader = CheckpointUploader(open_storage(str(bucket_dir)), background=False)
     trainer.step()
     uploader.submit(SaveRequest(trainer.snapshot(), tmp_path / "ckpt" / "step-00000001"))
-    assert uploader.pending() == 0 and (bucket_dir / "step-00000001" / ckpt.MARKER).is_file()  # done inside submit
+    assert uploader.pending() == 0 and (bucket_dir / "step-00000001" / MARKER).is_file()  # done inside submit
     assert uploader.poll()[0].ok and uploader.close()
     with pytest.raises(PiconeoxError, match="keep_last=1: with --checkpoint-bucket keep at least 2"):
         CheckpointUploader(open_storage(str(bucket_dir)), keep_remote=1, background=False)

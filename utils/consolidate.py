@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from utils import ckpt
+from utils.ckpt.write import consolidate
 from utils.errors import CliParser, PiconeoxError, cli
 
 
@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     if not args.checkpoint.is_dir():
         raise PiconeoxError(f"{args.checkpoint}: no such checkpoint folder")
     try:
-        out = ckpt.consolidate(args.checkpoint, args.out)
+        out = consolidate(args.checkpoint, args.out)
     except OSError as e:
         raise PiconeoxError(f"--out {args.out}: {e.strerror}") from None
     print(f"wrote {out} (load it with AutoModelForCausalLM.from_pretrained)")

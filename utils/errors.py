@@ -4,15 +4,29 @@ Raise PiconeoxError for anything the user can fix (bad flag, bad file, mismatche
 is wrapped in `cli`, which prints `error: <message>` to stderr and exits 2, so the message must be one clear
 line naming the bad value and what is allowed. Never put credentials in the message. The CLIs parse their flags
 with CliParser, so a flag mistake is that same one line too (argparse would print its whole usage first).
+
+How a run ends, as one exit code that survives `accelerate launch` (README: "Exit codes").
+
+    0   done (max steps, time limit, early stopping, or a clean stop on SIGTERM/Ctrl-C)
+    2   refused: a setting, file or state the user can fix; one `error:` line, nothing of the run kept
+    3   trained, but the newest checkpoint never reached --checkpoint-bucket; one line gives the command
+        that finishes the upload (utils/push_checkpoint.py)
+    130 interrupted at once (a second Ctrl-C)
+
+Through the launcher a worker's own exit code is lost: accelerate exits 1 for any failure of one process and
+torchrun raises a ChildFailedError with a traceback for several. So utils/launch.py sets $PICONEOX_STATUS_DIR,
+each worker records its code and message there instead of printing it (N ranks would print N copies), and the
+launcher prints rank 0's line (else the lowest rank's) once and exits with its code.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import os
 import sys
+from pathlib import Path
 from typing import Callable
-
-from utils import exit_status
 
 
 class PiconeoxError(Exception):
@@ -24,7 +38,6 @@ class CliParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
-
 
 
 class Interrupted(PiconeoxError):
@@ -40,11 +53,37 @@ def cli(main: Callable[..., int | None]) -> Callable[..., int]:
         try:
             return main(argv) or 0
         except Interrupted as e:
-            return exit_status.finish(exit_status.INTERRUPTED, f"error: {e}")
+            return finish(INTERRUPTED, f"error: {e}")
         except PiconeoxError as e:  # under utils/launch.py the launcher prints it once, for every rank
-            return exit_status.finish(exit_status.REFUSED, f"error: {e}")
+            return finish(REFUSED, f"error: {e}")
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)
             return 130
 
     return run
+
+
+DONE, REFUSED, NOT_UPLOADED, INTERRUPTED = 0, 2, 3, 130
+STATUS_DIR_ENV = "PICONEOX_STATUS_DIR"
+
+
+def finish(code: int, message: str) -> int:
+    """End this process with `code`: print `message` (one line) unless a launcher collects it; returns `code`."""
+    folder = os.environ.get(STATUS_DIR_ENV)
+    if folder and Path(folder).is_dir():
+        rank = int(os.environ.get("RANK", "0"))
+        with contextlib.suppress(FileExistsError):  # the first outcome of a rank is its outcome
+            fd = os.open(Path(folder) / f"rank-{rank:05d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(f"{code}\n{message}")
+            return code
+    print(message, file=sys.stderr, flush=True)
+    return code
+
+
+def collected(folder: Path) -> tuple[int, str] | None:
+    """(code, message) recorded by rank 0, else by the lowest rank that recorded one; None when none did."""
+    for path in sorted(Path(folder).glob("rank-*")):
+        code, _, message = path.read_text(encoding="utf-8").partition("\n")
+        return int(code), message
+    return None

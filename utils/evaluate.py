@@ -20,10 +20,10 @@ import math
 import sys
 from pathlib import Path
 
-from utils import ckpt
+from utils.ckpt.format import find_checkpoint
 from utils.devices import resolve_device
 from utils.errors import CliParser, PiconeoxError, cli
-from utils.outputs import check_output_file
+from utils.atomic import check_output_file
 from utils.textfile import read_text
 
 
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     tasks, batch = check_args(args)
     device = resolve_device(args.device)
     text = read_text(args.eval_perplexity, "--eval-perplexity") if args.eval_perplexity else None
-    ckpt.find_checkpoint(args.checkpoint)  # before the task index: that takes half a minute to build
+    find_checkpoint(args.checkpoint)  # before the task index: that takes half a minute to build
     quiet_lm_eval()
     manager = task_manager(tasks, args.include_path) if tasks else None  # unknown names fail before loading
     lm = load_lm(args.checkpoint, batch, device)

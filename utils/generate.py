@@ -10,12 +10,13 @@ import math
 import sys
 from pathlib import Path
 
-from utils import ckpt
+from utils.ckpt.format import find_checkpoint
+from utils.ckpt.load import load_model
 from utils.data.loader import BlockLoader
 from utils.data.tokenizers import TOKENIZER_FILE, tokenizer_kind
 from utils.errors import CliParser, PiconeoxError, cli
 from utils.lm import evaluate, sample_text
-from utils.terminal import printable
+from utils.textfile import printable
 
 
 def load_checkpoint_model(folder: str):
@@ -23,8 +24,8 @@ def load_checkpoint_model(folder: str):
     else final/); files are checked against the marker's crc32c first."""
     from transformers import AutoTokenizer
 
-    path = ckpt.find_checkpoint(folder)
-    return ckpt.load_model(path), AutoTokenizer.from_pretrained(str(path))
+    path = find_checkpoint(folder)
+    return load_model(path), AutoTokenizer.from_pretrained(str(path))
 
 
 def evaluate_checkpoint(model, tokenizer, data_dir: str, seq_len: int, batch_size: int, num_batches: int) -> float:

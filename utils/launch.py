@@ -2,7 +2,7 @@
 
 The same flags as `python -m accelerate.commands.launch` (start_training.sh prints and runs this line). What
 differs is only how a failed run ends: the training processes record their exit code and `error:` line
-(utils/exit_status.py), and this prints that line once and exits with that code (2 for a refusal, 3 for a
+(utils/errors.py), and this prints that line once and exits with that code (2 for a refusal, 3 for a
 checkpoint that never reached the bucket) instead of accelerate's exit 1 or torchrun's ChildFailedError
 traceback. A crash that recorded nothing (a real bug) keeps its own traceback, printed by the worker.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: the repository root on the path, like train.py has it
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # not utils/: its tokenizers.py would shadow the package
 
-from utils import exit_status  # noqa: E402
+from utils import errors  # noqa: E402
 
 
 def failed_code(exc: BaseException) -> int:
@@ -43,13 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     # line (or its traceback, for a crash) says what happened
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory(prefix="piconeox-status-") as folder:
-        os.environ[exit_status.STATUS_DIR_ENV] = folder
+        os.environ[errors.STATUS_DIR_ENV] = folder
         try:
             launch_command(args)
             code = 0
         except (SystemExit, subprocess.CalledProcessError, Exception) as e:
             code = failed_code(e)
-        recorded = exit_status.collected(Path(folder))
+        recorded = errors.collected(Path(folder))
     if recorded is not None:
         print(recorded[1], file=sys.stderr, flush=True)
         return recorded[0]

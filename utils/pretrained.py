@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils import ckpt
+from utils.ckpt.format import DCP_INDEX
+from utils.ckpt.load import load_model
 from utils.data.tokenizers import TOKENIZER_FILE, file_sha256
 from utils.errors import PiconeoxError
 
@@ -55,8 +56,8 @@ class Pretrained:
         import torch
         from transformers import GPTNeoXForCausalLM
 
-        if (self.path / ckpt.DCP_INDEX).is_file():  # one of our step folders: consolidate its shards (crc-checked)
-            model = ckpt.load_model(self.path).train()
+        if (self.path / DCP_INDEX).is_file():  # one of our step folders: consolidate its shards (crc-checked)
+            model = load_model(self.path).train()
             model.config.use_cache = False
             return model
         try:

@@ -16,8 +16,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file (the printed command works from any folder): the repository root
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # not utils/: its tokenizers.py would shadow the package
 
-from utils import ckpt
-from utils import exit_status
+from utils.ckpt.format import MARKER, latest_complete, read_marker
+from utils import errors
 from utils.errors import CliParser, PiconeoxError
 from utils.ckpt.remote import newest_verified, remote_steps
 from utils.storage import StorageError, open_storage
@@ -28,18 +28,18 @@ def push(run_dir: Path, bucket_root: str, credentials: str | None) -> str:
     """Upload the newest complete local checkpoint of `run_dir`; returns the bucket folder that now holds it."""
     if not run_dir.is_dir():
         raise PiconeoxError(f"{run_dir}: no such run folder (pass checkpoints/<run>)")
-    newest = ckpt.latest_complete(run_dir, warn=lambda _: None)
+    newest = latest_complete(run_dir, warn=lambda _: None)
     if newest is None:
         raise PiconeoxError(f"{run_dir}: no complete step-XXXXXXXX checkpoint to upload")
     bucket = open_storage(bucket_root, credentials).child(run_dir.name)
     target = f"{bucket.url}/{newest.name}"
-    step = int(ckpt.read_marker(newest)["step"])
+    step = int(read_marker(newest)["step"])
     if remote_steps(bucket).get(step):  # complete there: never overwritten
         if newest_verified(bucket, {step: True}, warn=lambda _: None):
             return f"{target} was already there, verified"
         raise PiconeoxError(f"{target} has a COMPLETE marker but a file that does not match it; delete that folder "
                             "from the bucket, then run this again")
-    summary = upload_tree(newest, bucket.child(newest.name), last=ckpt.MARKER)
+    summary = upload_tree(newest, bucket.child(newest.name), last=MARKER)
     if summary.failed:
         raise UploadIncomplete(f"{summary.failed} file(s) of {newest} did not reach {target}; "
                                f"first: {summary.errors[0]}")
@@ -59,9 +59,9 @@ def main(argv=None) -> int:
     try:
         print(push(args.run_dir, args.checkpoint_bucket, args.credentials))
     except (UploadIncomplete, StorageError) as e:  # the bucket is still unreachable: try again later
-        return exit_status.finish(exit_status.NOT_UPLOADED, f"error: {e}")
+        return errors.finish(errors.NOT_UPLOADED, f"error: {e}")
     except PiconeoxError as e:
-        return exit_status.finish(exit_status.REFUSED, f"error: {e}")
+        return errors.finish(errors.REFUSED, f"error: {e}")
     return 0
 
 

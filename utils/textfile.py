@@ -7,6 +7,7 @@ message here too).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from utils.errors import PiconeoxError
@@ -44,3 +45,13 @@ def read_json(path: str | Path, what: str) -> dict:
     if not isinstance(data, dict):
         raise PiconeoxError(f"{what} {path} is not a JSON object")
     return data
+
+
+# C0 and C1 controls and DEL, but not newline and tab (they are layout): ESC sequences could move the cursor,
+# clear the screen or retitle the window when a prompt or a sampled byte is echoed raw.
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character except newline and tab written as a Python escape (\\x1b)."""
+    return CONTROL.sub(lambda m: repr(m.group())[1:-1], text)

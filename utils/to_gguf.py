@@ -1,4 +1,4 @@
-"""Export a checkpoint as GGUF for llama.cpp, ollama and LM Studio (see utils/gguf_export.py).
+"""Export a checkpoint as GGUF for llama.cpp, ollama and LM Studio (see utils/interop/gguf_export.py).
 
     python -m utils.to_gguf checkpoints/<run>/best --out model.gguf [--type f32|f16|q8_0]
     llama-simple -m model.gguf -n 32 "Once upon a time"
@@ -20,8 +20,8 @@ def main(argv=None) -> int:
     p.add_argument("--type", default="f16", help="tensor type of the matrices: f32, f16 or q8_0 (default f16)")
     args = p.parse_args(argv)
     from utils.generate import load_checkpoint_model
-    from utils.gguf_export import OUT_TYPES, export_gguf
-    from utils.outputs import check_output_file
+    from utils.interop.gguf_export import OUT_TYPES, export_gguf
+    from utils.atomic import check_output_file
 
     if args.type not in OUT_TYPES:
         raise PiconeoxError(f"--type {args.type!r} is not one of {', '.join(OUT_TYPES)}")

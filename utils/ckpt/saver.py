@@ -14,7 +14,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from utils import ckpt
+from utils.ckpt.format import MARKER, manifest, rotate, write_marker
+from utils.ckpt.write import write_shards
 from utils.ckpt import partials
 from utils.ckpt.remote import delete_step, steps_in
 from utils.distributed import broadcast_object, gather_object
@@ -51,7 +52,7 @@ class StepSaver:
         files, failed = {}, None
         try:
             self.phase = f"writing {folder.name}"
-            files = ckpt.manifest(folder, ckpt.write_shards(snap, folder, self.group))
+            files = manifest(folder, write_shards(snap, folder, self.group))
             if self.store is not None:
                 self._upload_own(folder, files)
         except Exception as e:  # reported in any case, or rank 0 would wait for this rank forever
@@ -64,7 +65,7 @@ class StepSaver:
             self.completed.add(snap.step)
         local = []
         if self.rotate_local:  # also when the upload failed: a bucket that is down must not fill the disk
-            ckpt.rotate(folder.parent, self.keep_local, self.completed)
+            rotate(folder.parent, self.keep_local, self.completed)
             local = partials.remove_local(folder.parent, self.completed)
         remote, self._partials_removed = self._partials_removed, []
         if self.rank == 0 and (line := partials.describe(local, remote, folder.parent, self.store and self.store.url)):
@@ -83,13 +84,13 @@ class StepSaver:
         files = {name: info for _, own in reports for name, info in own.items()}
         if any(phase == "write" for _, (phase, _) in failures):
             return error, None, ""
-        ckpt.write_marker(folder, snap.step, snap.world_size, files)
+        write_marker(folder, snap.step, snap.world_size, files)
         if failures:
             return error, None, ""
         if self.store is None:
             return None, None, ""
         try:
-            self.phase = f"uploading {folder.name}: {ckpt.MARKER}"
+            self.phase = f"uploading {folder.name}: {MARKER}"
             url, note = self._upload_marker(folder, files)
             self._prune_remote()
         except (PiconeoxError, OSError) as e:
@@ -99,7 +100,7 @@ class StepSaver:
     def _upload_own(self, folder: Path, files: dict) -> None:
         """Upload this rank's files, unless the step is already complete in the bucket (never overwritten)."""
         remote = self.store.child(folder.name)
-        if remote.exists(ckpt.MARKER):
+        if remote.exists(MARKER):
             return
         for i, name in enumerate(files, 1):
             if self.cancel.is_set():
@@ -111,12 +112,12 @@ class StepSaver:
         """Rank 0, once every rank uploaded: drop leftovers that are in no manifest, then the marker."""
         remote = self.store.child(folder.name)
         existing = remote.list(checksums=False)
-        if ckpt.MARKER in existing:
+        if MARKER in existing:
             return remote.url, "; it was already complete in the bucket and is kept as is (never overwritten)"
         for name in set(existing) - set(files):  # an older attempt's files (another world size, say)
             remote.delete(name)
         try:
-            remote.put(folder / ckpt.MARKER, ckpt.MARKER, if_absent=True)
+            remote.put(folder / MARKER, MARKER, if_absent=True)
         except ObjectExists:  # another writer finished the same step first: theirs stays
             return remote.url, "; another writer completed it meanwhile, theirs is kept"
         return remote.url, ""

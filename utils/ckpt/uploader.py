@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from utils import ckpt
+from utils.ckpt.state import Snapshot
+from utils.ckpt.write import write_weights
 from utils.ckpt.saver import StepSaver
 from utils.errors import PiconeoxError
 from utils.storage import Storage
@@ -46,7 +47,7 @@ class SaveRequest:
     weights_only: best/: weights only, kept local (not uploaded, not rotated).
     """
 
-    snapshot: ckpt.Snapshot
+    snapshot: Snapshot
     folder: Path
     weights_only: bool = False
 
@@ -87,7 +88,7 @@ class CheckpointUploader:
 
     store: the run's remote folder (`open_storage(bucket).child(run)`), or None to only write locally.
     keep_remote: complete remote checkpoints to keep (>= 2, so a fallback always exists).
-    keep_local: complete local step folders to keep (`ckpt.rotate`).
+    keep_local: complete local step folders to keep (`rotate`).
     max_failures: failures in a row after which `fatal` is set (>= 1).
     background: False runs each save inside `submit()`.
     group: the savers' gloo process group (`distributed.cpu_group()`), None in a single process.
@@ -268,7 +269,7 @@ class CheckpointUploader:
         try:
             if request.weights_only:
                 self.saver.phase = f"writing {request.folder.name}"
-                ckpt.write_weights(request.snapshot, request.folder)
+                write_weights(request.snapshot, request.folder)
             else:
                 result.error, result.uploaded_to, result.note = self.saver.save_step(request.snapshot, request.folder)
         except (PiconeoxError, OSError) as e:

@@ -20,8 +20,8 @@ from utils.ckpt.format import (DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, 
 from utils.ckpt.load import checked, read_weights
 from utils.ckpt.state import Snapshot
 from utils.errors import PiconeoxError
-from utils.outputs import atomic_dir, check_output_dir
-from utils.portable import make_portable
+from utils.atomic import atomic_dir, check_output_dir
+from utils.interop.portable import make_portable
 
 
 def write_shards(snap: Snapshot, folder: Path, group=None) -> list[str]:
@@ -136,7 +136,7 @@ def consolidate(folder: Path, out: Path) -> Path:
             if path.is_file() and (path.name.startswith(("tokenizer", "special_tokens")) or
                                    (path.suffix == ".json" and path.name != "config.json")):
                 shutil.copy2(path, tmp / path.name)
-        make_portable(tmp)  # also fixes the tokenizer files of a checkpoint written before utils.portable
+        make_portable(tmp)  # also fixes the tokenizer files of a checkpoint written before utils.interop.portable
         marker = read_marker(folder)
         write_marker(tmp, marker["step"], marker.get("world_size", 1),
                      manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))

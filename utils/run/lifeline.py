@@ -10,7 +10,7 @@ Three pieces, each for a way a run used to be left behind:
 - `detach_terminal`: after a SIGHUP the terminal is gone; writing to it would fail, so output goes to
   /dev/null (training.log keeps everything).
 
-    python -m utils.lifeline LAUNCHER_PID COMMAND...   # exec COMMAND, bound to LAUNCHER_PID
+    python -m utils.run.lifeline LAUNCHER_PID COMMAND...   # exec COMMAND, bound to LAUNCHER_PID
 """
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ class GraceDeadline:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or not argv[0].isdigit():
-        print("usage: python -m utils.lifeline LAUNCHER_PID COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: python -m utils.run.lifeline LAUNCHER_PID COMMAND [ARGS...]", file=sys.stderr)
         return 2
     die_with_parent(int(argv[0]))
     os.environ[LAUNCH_PID_ENV] = str(os.getpid())  # exec keeps the pid: the workers' parent

@@ -1,5 +1,5 @@
 """What the training loop says as it goes: the progress bar, tokens/s and MFU, the logged scalars, the eval line,
-and the closing summary. Every writer is a no-op off the main process (utils/metrics.py)."""
+and the closing summary. Every writer is a no-op off the main process (utils/report/metrics.py)."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from utils.metrics import gpu_stats, mfu
+from utils.report.metrics import gpu_stats, mfu
 
 
 class ProgressBar:

@@ -74,7 +74,7 @@ class StopRequest:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the clean stop
         if signum == signal.SIGHUP:
-            from utils.lifeline import detach_terminal
+            from utils.run.lifeline import detach_terminal
 
             detach_terminal()  # its terminal is gone: writing there would fail the save
         self.request(f"{signal.Signals(signum).name} received")

@@ -2,7 +2,7 @@
 
 A checkpoint that never reached the bucket is not a success on a machine that can vanish: when the run's newest
 complete local checkpoint is not verified in the bucket (gs:// or a directory), the run exits 3
-(utils/exit_status.py) with one line giving the command that uploads it later (utils/push_checkpoint.py).
+(utils/errors.py) with one line giving the command that uploads it later (utils/push_checkpoint.py).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils import ckpt
+from utils.ckpt.format import check_complete, step_dir_name, step_folders
 from utils.errors import PiconeoxError
 from utils.ckpt.remote import newest_verified, remote_steps
 from utils.storage import Storage
@@ -29,10 +29,10 @@ class UploadReport:
     error: str | None = None
 
     def summary(self) -> str:
-        missing = ", ".join(ckpt.step_dir_name(s) for s in self.missing)
+        missing = ", ".join(step_dir_name(s) for s in self.missing)
         if self.error:
             return f"bucket {self.url}: {self.error}; not confirmed there: {missing or 'no local checkpoint'}"
-        there = "none" if self.newest_remote is None else ckpt.step_dir_name(self.newest_remote)
+        there = "none" if self.newest_remote is None else step_dir_name(self.newest_remote)
         return f"bucket {self.url}: newest verified checkpoint {there}; " + (
             f"never arrived: {missing}" if missing else "every local checkpoint arrived")
 
@@ -42,7 +42,7 @@ class UploadReport:
 
 def upload_report(bucket: Storage, run_dir: Path) -> UploadReport:
     """Compare the complete local step folders of `run_dir` with what `bucket` (the run's folder) holds complete."""
-    local = [step for step, folder in ckpt.step_folders(run_dir) if ckpt.check_complete(folder) is None]
+    local = [step for step, folder in step_folders(run_dir) if check_complete(folder) is None]
     newest_local = local[-1] if local else None
     try:
         steps = remote_steps(bucket)
@@ -69,5 +69,5 @@ def closing_word(bucket: Storage, run_dir: Path, bucket_root: str, credentials: 
     (log.warning if report.missing or report.error else log.info)(report.summary())
     if not report.newest_missing():
         return None
-    return (f"error: {ckpt.step_dir_name(report.newest_local)} never reached {report.url}; upload it with: "
+    return (f"error: {step_dir_name(report.newest_local)} never reached {report.url}; upload it with: "
             f"{finish_command(run_dir, bucket_root, credentials)}")

@@ -15,7 +15,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from utils.atomic import atomic_write, atomic_write_json
-from utils.trackers import DEFAULT_REPORT_TO, make_tracker, markdown_block, start_tracker
+from utils.report.trackers import DEFAULT_REPORT_TO, make_tracker, markdown_block, start_tracker
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
@@ -58,7 +58,7 @@ def setup_logging(log_file: Path, is_main: bool) -> logging.Logger:
 
 class MetricsWriter:
     """Every scalar and text of a run goes through here: to each tracker (--report-to; TensorBoard by default,
-    W&B, ... see utils/trackers.py) and into an in-memory history that becomes history.json and a loss plot.
+    W&B, ... see utils/report/trackers.py) and into an in-memory history that becomes history.json and a loss plot.
 
     The history is progress: `state_dict()` goes into checkpoints (with the W&B run id), and after
     `load_state_dict()` TensorBoard purges events past the restored history (those of the interrupted run)

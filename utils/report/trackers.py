@@ -1,6 +1,6 @@
 """Experiment trackers for --report-to: accelerate's tracker classes (TensorBoard by default, W&B, MLflow, ...).
 
-`MetricsWriter` (utils/metrics.py) is the one place every scalar and text of a run goes through; it hands
+`MetricsWriter` (utils/report/metrics.py) is the one place every scalar and text of a run goes through; it hands
 each of them to every tracker made here, so no tracker gets a subset.
 
 W&B without network: `WANDB_MODE=offline` writes the run under logs/<run>/wandb/ (or `WANDB_DIR`), and
@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from utils.errors import PiconeoxError
-from utils.tb_hparams import write_hparams
+from utils.report.tb_hparams import write_hparams
 
 DEFAULT_REPORT_TO = "tensorboard"
 
@@ -85,7 +85,7 @@ def start_tracker(tracker, config: dict) -> str | None:
     """Start `tracker` and store the flattened run config; returns the run id to resume with (W&B), if any."""
     try:
         tracker.start()
-        if tracker.name == "tensorboard":  # into the run itself, with val/loss as its metric (utils/tb_hparams.py)
+        if tracker.name == "tensorboard":  # into the run itself, val/loss as its metric (report/tb_hparams.py)
             write_hparams(tracker.writer, flat_config(config))
         else:
             tracker.store_init_configuration(flat_config(config))

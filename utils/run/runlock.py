@@ -223,9 +223,9 @@ def for_launcher(output_dir: str | Path, run: str):
 
 
 def main(argv: list[str]) -> int:
-    """`python -m utils.runlock release PATH PID`: start_training.sh's exit path (the lock its preflight took)."""
+    """`python -m utils.run.runlock release PATH PID`: start_training.sh's exit path (the lock its preflight took)."""
     if len(argv) != 3 or argv[0] != "release" or not argv[2].isdigit():
-        print("usage: python -m utils.runlock release LOCK_FILE LAUNCHER_PID", file=sys.stderr)
+        print("usage: python -m utils.run.runlock release LOCK_FILE LAUNCHER_PID", file=sys.stderr)
         return 2
     path, pid = Path(argv[1]), int(argv[2])
     for holder in _read(path):

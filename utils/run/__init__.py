@@ -1,0 +1,1 @@
+"""A run's life: clean stops on signals, the launcher lifeline, the run lock, the run's folders."""
