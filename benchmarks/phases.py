@@ -41,7 +41,7 @@ from configs.presets import resolve_config  # noqa: E402
 from configs.run import RunSettings  # noqa: E402
 from utils import lm, optim  # noqa: E402,F401
 from utils.ckpt import write as ckpt_write  # noqa: E402
-from utils.ckpt.checkpointer import Checkpointer  # noqa: E402,F401
+from utils.ckpt.parts import Registry  # noqa: E402,F401
 from utils.report import metrics, progress, summary  # noqa: E402,F401
 from utils.ckpt import resume, uploader  # noqa: E402,F401
 from utils.data import source  # noqa: E402
@@ -91,7 +91,7 @@ def main() -> None:
     demo = args.text == "demo"
     timed(source, "local_dataset", "data check/load" + (" (demo prepared on first use)" if demo else ""))
     timed(lm, "evaluate", "evals")
-    timed(Checkpointer, "capture", "saves (blocking copy)")
+    timed(Registry, "capture", "saves (blocking copy)")
     timed(summary, "log_sample", "final sample")
     timed(ckpt_write, "publish_final", "final checkpoint publish")
     timed(metrics.MetricsWriter, "plot", "loss plot + history")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import train
-from utils.ckpt.checkpointer import Checkpointer, TrainerState, training_parts
+from utils.ckpt.parts import Registry, TrainerState, training_parts
 from utils.ckpt.format import (DCP_INDEX, MARKER, check_complete, latest_complete, manifest, rotate, step_dir_name,
                                step_folders, write_marker)
 from utils.ckpt.write import write_shards
@@ -111,7 +111,7 @@ def test_checkpoint_of_compiled_model_loads_into_plain_model(tmp_path, tiny_data
     loader = BlockLoader(tiny_data, "train", 16, 2)
     parts = training_parts(build_scheduler(optimizer, 1, 10, 0.1), None, loader, TrainerState(),
                                 MetricsWriter(tmp_path, True))
-    snap = Checkpointer(unwrapped, optimizer.optimizer, parts, run_config={},
+    snap = Registry(unwrapped, optimizer.optimizer, parts, run_config={},
                              tokenizer=load_tokenizer(tiny_data)).capture(1)
     folder = tmp_path / "step-00000001"
     write_marker(folder, 1, 1, manifest(folder, write_shards(snap, folder)))

@@ -14,7 +14,7 @@ import torch
 
 from configs.model import ModelConfig, build_model
 from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils.ckpt.checkpointer import Checkpointer, TrainerState, training_parts
+from utils.ckpt.parts import Registry, TrainerState, training_parts
 from utils.ckpt.format import MARKER, check_complete, read_marker, step_dir_name, step_folders
 from utils.ckpt.load import read_part
 from utils.ckpt.state import Snapshot
@@ -58,7 +58,7 @@ class Trainer:
 
     def snapshot(self) -> Snapshot:
         parts = training_parts(self.scheduler, None, self.loader, self.state, self.metrics)
-        checkpointer = Checkpointer(self.model, self.optimizer, parts, run_config=self.run_config,
+        checkpointer = Registry(self.model, self.optimizer, parts, run_config=self.run_config,
                                          tokenizer=self.tokenizer)
         return checkpointer.capture(self.state.step)
 

@@ -101,15 +101,19 @@ def link_copy(src: Path, folder: Path, extra: Path | None = None) -> Path:
 
 
 @contextlib.contextmanager
-def consolidate_into(folder: Path) -> Iterator[Path]:
-    """A temporary folder (next to `folder`, removed afterwards) holding config.json + model.safetensors."""
+def consolidate_into(folder: Path, weights: str | None = None) -> Iterator[Path]:
+    """A temporary folder (next to `folder`, removed afterwards) holding config.json + model.safetensors;
+    `weights`: the sharded part whose weights replace the model's (e.g. "ema"), None for the model's own."""
     from transformers import GPTNeoXConfig
 
     tmp = Path(folder).with_name(f".{Path(folder).name}.weights.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        save_pretrained_weights(GPTNeoXConfig.from_pretrained(folder), read_weights(folder), tmp)
+        state = read_weights(folder)
+        if weights:
+            state.update(read_weights(folder, weights))
+        save_pretrained_weights(GPTNeoXConfig.from_pretrained(folder), state, tmp)
         make_portable(tmp, tokenizer_dir=folder)
         yield tmp
     finally:
@@ -143,9 +147,10 @@ def consolidate(folder: Path, out: Path) -> Path:
     return out
 
 
-def publish_final(last: Path, final: Path, consolidate_weights: bool, log) -> None:
-    """final/: the last step (hard links) plus its weights consolidated for from_pretrained; a stop on a signal
-    skips the consolidation (no time for it) and says how to do it later."""
+def publish_final(last: Path, final: Path, consolidate_weights: bool, log, weights: str | None = None) -> None:
+    """final/: the last step (hard links) plus its weights consolidated for from_pretrained (`weights`: those of
+    a sharded part such as "ema" instead of the model's); a stop on a signal skips the consolidation (no time
+    for it) and says how to do it later."""
     reason = check_complete(last)
     if reason:  # the save failed, or several machines hold the shards (the bucket has them all)
         log.warning(f"final/ not written: {reason}")
@@ -154,5 +159,5 @@ def publish_final(last: Path, final: Path, consolidate_weights: bool, log) -> No
         link_copy(last, final)
         log.info(f"{final}: resumable; for from_pretrained weights run python -m utils.consolidate {last} --out DIR")
         return
-    with consolidate_into(last) as weights:
-        link_copy(last, final, extra=weights)
+    with consolidate_into(last, weights) as folder:
+        link_copy(last, final, extra=folder)
