@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.test_train import TINY
+from tests.conftest import TINY
 
 REPO = Path(__file__).resolve().parent.parent
 

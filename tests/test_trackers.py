@@ -5,7 +5,9 @@ import struct
 
 import pytest
 
-from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (the fixture resets accelerate)
+from tests.conftest import run
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def wandb_records(run_file):
