@@ -79,10 +79,6 @@ class SaveResult:
         return self.error is None
 
 
-class UploadFailed(PiconeoxError):
-    """Checkpoint saves failed `max_failures` times in a row: the run stops (after a final local save)."""
-
-
 class CheckpointUploader:
     """Writes and uploads checkpoints on one background thread; see the module docstring.
 
