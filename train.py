@@ -34,8 +34,7 @@ if TYPE_CHECKING:  # the types of `Run`'s fields; each is imported where it is b
 
     from configs.presets import RunConfig
     from configs.training import TrainConfig
-    from utils.ckpt.checkpointer import Checkpointer
-    from utils.ckpt.parts import TrainerState
+    from utils.ckpt.checkpointer import Checkpointer, TrainerState
     from utils.data.loader import BlockLoader
     from utils.ema import WeightEMA
     from utils.report.metrics import MetricsWriter
@@ -196,8 +195,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
 
     from configs.model import count_parameters
     from configs.plan import model_flops_per_token
-    from utils.ckpt.checkpointer import Checkpointer
-    from utils.ckpt.parts import TrainerState, training_parts
+    from utils.ckpt.checkpointer import Checkpointer, TrainerState, training_parts
     from utils.data.source import local_dataset, make_loaders
     from utils.data.tokenizers import load_tokenizer
     from utils.distributed import make_accelerator, rank0_decides
@@ -286,7 +284,7 @@ def train_step(run: Run, batches):
     import torch
 
     from utils import lm
-    from utils.ckpt.state import rng_state, set_rng_state
+    from utils.ckpt.checkpointer import rng_state, set_rng_state
 
     tc, acc = run.cfg.train, run.accelerator
     # Only a stop between micro-steps leaves a half-done step to rewind; with one micro-step there is none.
@@ -442,7 +440,7 @@ def finish(run: Run, reason: str) -> int:
 
 
 def run(args) -> int:
-    """--preflight, --print-plan, or a training run; `cleanup` closes the uploader (a flush) and the signal
+    """--preflight, --print-plan, or a training run; `cleanup` closes the checkpointer (a flush) and the signal
     handlers on every exit path."""
     from configs.presets import resolve_config
 

@@ -10,7 +10,9 @@
     reason = ckpt.poll(step)                    # every step: a reason to stop after too many failed saves
     code = ckpt.finish(step, ...)               # last save, flush, final/, the closing word; the exit code
 
-The bucket (`store`), the uploader and its saver stay inside: nothing here hands them out.
+The bucket (`store`), the uploader and its saver stay inside: nothing here hands them out. What else train.py
+needs of this room is re-exported here, so this module is its one import: the parts (`TrainerState`,
+`training_parts`) and this process's RNG (`rng_state` / `set_rng_state`, to rewind a half-done step).
 """
 from __future__ import annotations
 
@@ -21,12 +23,14 @@ from typing import Callable
 from utils import errors
 from utils.ckpt import partials, resume
 from utils.ckpt.format import latest_complete, read_marker, step_dir_name
-from utils.ckpt.parts import Part, Registry
-from utils.ckpt.state import grace_warning
+from utils.ckpt.parts import Part, Registry, TrainerState, training_parts
+from utils.ckpt.state import grace_warning, rng_state, set_rng_state
 from utils.ckpt.upload_report import closing_word
 from utils.ckpt.uploader import SaveRequest, open_uploader
 from utils.ckpt.write import prepare_step_folder, publish_final
 from utils.storage.sync import host_dir
+
+__all__ = ["Checkpointer", "Part", "TrainerState", "rng_state", "set_rng_state", "training_parts"]
 
 
 class Checkpointer:
