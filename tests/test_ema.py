@@ -8,8 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import train
+
 from benchmarks import chaos_lifecycle as chaos
 from tests.conftest import run
+from tests.test_distributed import TINY as DISTRIBUTED_TINY
 from tests.test_distributed import launch
 from utils.ckpt.format import WEIGHTS_FILE, step_dir_name
 from utils.ckpt.load import read_weights
@@ -61,6 +64,10 @@ def test_ema_resumes_exactly_and_best_and_final_take_its_weights(tmp_path, tiny_
     final = load_file(run_dir / "final" / WEIGHTS_FILE)
     assert torch.equal(final["gpt_neox.embed_in.weight"], ema["gpt_neox.embed_in.weight"])
     assert not torch.equal(final["gpt_neox.embed_in.weight"], raw["gpt_neox.embed_in.weight"])
+    from utils.consolidate import main as consolidate  # what a stop on a signal tells the user to run later
+
+    assert consolidate([str(run_dir / last), "--out", str(tmp_path / "c"), "--weights", "ema"]) == 0
+    assert_same_tensors(load_file(tmp_path / "c" / WEIGHTS_FILE), final)
     saved = json.loads((run_dir / "final" / "run_config.json").read_text())
     assert saved["train"]["best_final_weights"] == "ema" and saved["train"]["ema_decay"] == 0.9
     history = json.loads((tmp_path / "cut" / "logs" / "run" / "history.json").read_text())
@@ -81,7 +88,8 @@ def test_ema_on_a_checkpoint_trained_without_it_is_one_line(tmp_path, tiny_data,
 
 def test_ema_resumes_exactly_on_two_fsdp2_ranks(tmp_path, tiny_data):
     """Each rank averages its own shard (DTensors with the parameters' placement) and DCP writes the shards. Cut
-    at step 6 and resumed, step 12 is the uninterrupted one (DDP: the kill -9 test below)."""
+    at step 6 and resumed, step 12 is the uninterrupted one (DDP: the kill -9 test below); the EMA's val loss is
+    the one process's (the evaluation really runs the averaged shards, the root's gathered weights included)."""
     fsdp = True
     ref, cut = tmp_path / "ref", tmp_path / "cut"
     ref.mkdir()
@@ -97,6 +105,14 @@ def test_ema_resumes_exactly_on_two_fsdp2_ranks(tmp_path, tiny_data):
     assert_same_tensors(read_weights(a), read_weights(b))
     assert not torch.equal(read_weights(b, "ema")["gpt_neox.embed_in.weight"],
                            read_weights(b)["gpt_neox.embed_in.weight"])
+    one = tmp_path / "one"  # the same global batch in one process, as test_distributed compares losses
+    assert train.main(["--config", "test", "--data", str(tiny_data), *DISTRIBUTED_TINY, "--batch-size", "8",
+                       "--run-name", "run", "--output-dir", str(one / "ckpt"), "--log-dir", str(one / "logs"),
+                       *EMA]) == 0
+    evals = [[(h["step"], h["val/loss"], h["val/loss_ema"]) for h in json.loads((d / "logs" / "run" /
+             "history.json").read_text()) if "val/loss_ema" in h] for d in (cut, one)]
+    assert [e[0] for e in evals[0]] == [e[0] for e in evals[1]] == [6, 12]
+    assert [e[1:] for e in evals[0]] == pytest.approx([e[1:] for e in evals[1]], abs=1e-3)
 
 
 def test_a_kill_9_on_two_ddp_ranks_resumes_to_identical_ema_weights(tmp_path, tiny_data):

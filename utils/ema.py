@@ -45,13 +45,24 @@ class WeightEMA:
     def swapped_in(self):
         """The model holds the averaged weights inside the block and its own again after (each rank its shard)."""
         own = [_local(p.detach()).clone() for _, p in self.pairs]
+        self._reshard()
         for e, p in self.pairs:
             _local(p.detach()).copy_(_local(e))
         try:
             yield
         finally:
+            self._reshard()
             for (_, p), saved in zip(self.pairs, own):
                 _local(p.detach()).copy_(saved)
+
+    def _reshard(self) -> None:
+        """FSDP2 keeps the root's gathered weights after a forward (no backward in an evaluation to free them):
+        drop every gathered copy, so the next forward gathers the shards just written."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """A host copy taken now ({name: tensor}, DTensor shards stay shards): the saver writes it later."""

@@ -126,15 +126,16 @@ def is_consolidated(folder: Path) -> bool:
         not any(p.is_dir() for p in folder.iterdir())
 
 
-def consolidate(folder: Path, out: Path) -> Path:
-    """Write `folder`'s weights as a from_pretrained folder `out` (atomically, marker last)."""
+def consolidate(folder: Path, out: Path, weights: str | None = None) -> Path:
+    """Write `folder`'s weights (`weights`: a sharded part's instead, e.g. "ema") as a from_pretrained folder
+    `out` (atomically, marker last)."""
     folder, out = Path(folder), Path(out)
     if out.resolve() == folder.resolve():
         raise PiconeoxError(f"--out {out}: must differ from the checkpoint folder")
     check_output_dir(out, "--out", is_consolidated, "a consolidated checkpoint")
     checked(folder)
-    with atomic_dir(out) as tmp, consolidate_into(folder) as weights:
-        for path in weights.iterdir():
+    with atomic_dir(out) as tmp, consolidate_into(folder, weights) as consolidated:
+        for path in consolidated.iterdir():
             shutil.move(path, tmp / path.name)
         for path in folder.iterdir():  # the tokenizer and the small json states travel along
             if path.is_file() and (path.name.startswith(("tokenizer", "special_tokens")) or
@@ -157,7 +158,8 @@ def publish_final(last: Path, final: Path, consolidate_weights: bool, log, weigh
         return
     if not consolidate_weights:
         link_copy(last, final)
-        log.info(f"{final}: resumable; for from_pretrained weights run python -m utils.consolidate {last} --out DIR")
+        log.info(f"{final}: resumable; for from_pretrained weights run python -m utils.consolidate {last} --out DIR"
+                 + (f" --weights {weights}" if weights else ""))
         return
     with consolidate_into(last, weights) as folder:
         link_copy(last, final, extra=folder)
