@@ -131,3 +131,12 @@ def test_a_kill_9_on_two_ddp_ranks_resumes_to_identical_ema_weights(tmp_path, ti
     assert chaos.losses(ref) == chaos.losses(work)
     last = step_dir_name(steps)
     assert_same_tensors(read_weights(ref / "ckpt" / "r" / last, "ema"), read_weights(work / "ckpt" / "r" / last, "ema"))
+
+
+@pytest.mark.parametrize("setting, line", [
+    ("train.ema_decay=1.5", "error: train.ema_decay=1.5: must be in [0, 1), e.g. 0.999 (0 = no EMA)"),
+    ("train.best_final_weights=ema", "error: train.best_final_weights='ema': allowed raw, or ema together with "
+                                     "train.ema_decay (e.g. 0.999)")])
+def test_bad_ema_settings_are_one_line(tmp_path, capsys, setting, line):
+    assert train.main(["--config", "test", "--set", setting, "--output-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == line and not any(tmp_path.iterdir())
