@@ -112,7 +112,7 @@ def test_ema_resumes_exactly_on_two_fsdp2_ranks(tmp_path, tiny_data):
     evals = [[(h["step"], h["val/loss"], h["val/loss_ema"]) for h in json.loads((d / "logs" / "run" /
              "history.json").read_text()) if "val/loss_ema" in h] for d in (cut, one)]
     assert [e[0] for e in evals[0]] == [e[0] for e in evals[1]] == [6, 12]
-    assert [e[1:] for e in evals[0]] == pytest.approx([e[1:] for e in evals[1]], abs=1e-3)
+    assert [v for e in evals[0] for v in e[1:]] == pytest.approx([v for e in evals[1] for v in e[1:]], abs=1e-3)
 
 
 def test_a_kill_9_on_two_ddp_ranks_resumes_to_identical_ema_weights(tmp_path, tiny_data):
