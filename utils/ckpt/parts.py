@@ -92,7 +92,7 @@ class Registry:
     def __init__(self, model, optimizer, parts: dict[str, Part], *, run_config: dict, tokenizer, rank: int = 0,
                  world_size: int = 1, published: str | None = None):
         self.model, self.optimizer, self.run_config, self.tokenizer = model, optimizer, run_config, tokenizer
-        self.parts = {name: part for name, part in parts.items() if part.obj is not None}
+        self.parts = parts
         self.rank, self.world_size, self.published = rank, world_size, published
 
     def capture(self, step: int, weights_only: bool = False) -> Snapshot:
@@ -101,7 +101,8 @@ class Registry:
         Every rank must call this at the same point (FSDP's state-dict calls are collectives). `weights_only`
         (best/) gathers the full weights onto rank 0 instead of sharding model, optimizer and sharded parts.
         """
-        common = {name: (part.suffix, copy.deepcopy(part.obj.state_dict())) for name, part in self.parts.items()
+        live = {name: part for name, part in self.parts.items() if part.obj is not None}
+        common = {name: (part.suffix, copy.deepcopy(part.obj.state_dict())) for name, part in live.items()
                   if not part.sharded and (part.in_best or not weights_only)}
         common["run_config"] = ("json", self.run_config)
         state = weights = None
@@ -111,21 +112,23 @@ class Registry:
                 weights.update(self.parts[self.published].obj.full_state_dict())  # rank 0 holds them, others {}
         else:
             state = staged_share(self.model, self.optimizer, self.rank, self.world_size)
-            for name, part in self.parts.items():
+            for name, part in live.items():
                 if part.sharded and (share := own_share(part.obj.state_dict(), self.rank, self.world_size)):
                     state[name] = share
         return Snapshot(step=step, rank=self.rank, world_size=self.world_size, state=state, weights=weights,
                         rng=rng_state(), common=common, hf_config=self.model.config, tokenizer=self.tokenizer)
 
     def load(self, folder: Path) -> None:
-        """Put every part back as `folder` holds it; every rank must call this (the sharded load is a collective)."""
+        """Put every part back as `folder` holds it; every rank must call this (the sharded load is a collective).
+        A small part's file is read (through the allowlist) even when this run has no such part: a checkpoint
+        with a refused file is refused whole."""
         load_sharded(folder, self.model, self.optimizer)
         self.load_sharded_parts(folder)
         for name, part in self.parts.items():
             state = None if part.sharded else read_part(folder, name)
-            if state is None and part.required and not part.sharded:
+            if state is None and part.required and not part.sharded and part.obj is not None:
                 raise PiconeoxError(f"{folder}: the checkpoint has no {name} state; it cannot be resumed exactly")
-            if state is not None:
+            if state is not None and part.obj is not None:
                 part.obj.load_state_dict(state)
         set_rng_state(read_rng(folder, self.rank))
 
@@ -135,7 +138,7 @@ class Registry:
 
         from utils.ckpt.safe_load import load_dcp
 
-        sharded = {name: part for name, part in self.parts.items() if part.sharded}
+        sharded = {name: part for name, part in self.parts.items() if part.sharded and part.obj is not None}
         if not sharded:
             return
         saved = {key.split(".", 1)[0] for key in dcp_keys(folder)}
