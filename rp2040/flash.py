@@ -166,12 +166,20 @@ def run_board(step: Step, failure: str) -> list[str]:
         if line.startswith("cp "):
             print("  " + line.split()[1].rsplit("/", 1)[-1], flush=True)
     if proc.returncode != 0 or not said or said[-1] != "ok":
-        why = next((s[6:] for s in said if s.startswith("error ")), None)
-        if why is None:
-            tail = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-            why = (tail[-1] if tail else f"mpremote exit code {proc.returncode}")[-200:]
+        why = next((s[6:] for s in said if s.startswith("error ")), None) or _why(proc)
         raise PiconeoxError(failure.format(why=why))
     return said
+
+
+def _why(proc: subprocess.CompletedProcess) -> str:
+    """mpremote's reason in one line: the first exception of a chained traceback (the cause; later ones can
+    be mpremote's own slips while reporting it) without its module path, else its last line of output."""
+    causes = [ln for ln in proc.stderr.splitlines()
+              if ln.strip() and not ln.startswith((" ", "Traceback", "During handling"))]
+    tail = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip() and not ln.startswith("cp ")]
+    line = (causes[:1] or tail[-1:] or [f"mpremote exit code {proc.returncode}"])[0]
+    name, colon, rest = line.partition(":")
+    return ((name.rsplit(".", 1)[-1] if colon and " " not in name else name) + colon + rest)[-200:]
 
 
 def flash(files: dict[str, Path], base: list[str], port: str, build_dir: Path, start: bool) -> None:

@@ -5,9 +5,11 @@ Emulation costs ~10 s of wall time per emulated second and mpremote copies ~5 KB
 tiny (char vocabulary, hidden 8, one layer) and generate 4 tokens; one booted board serves the cases in order.
 """
 import json
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from configs.model import ModelConfig, build_model
 from rp2040 import emulate
 from rp2040.bundle import compile_runtime, runtime_files
 from rp2040.export import export
-from rp2040.flash import STAGE
+from rp2040.flash import BOARD_SCRIPT, STAGE
 from rp2040.runtime.tokenizer import StreamDecoder, Tokenizer
 from rp2040.serve import EmulatedPico
 from tests.rp2040_models import wide_init
@@ -106,3 +108,65 @@ def test_flash_copies_byte_for_byte_and_the_board_generates_the_reference_ids(pi
     assert sorted(p for p in tree if p.startswith("/lib/")) == sorted(package)
     for dev, host in package.items():
         assert (tmp_path / dev.lstrip("/")).read_bytes() == host.read_bytes(), dev
+
+
+def test_a_reset_mid_copy_keeps_the_old_model_and_the_next_flash_replaces_it(pico, models):
+    if board_tree(pico.url).get("/model/model.bin") is None:  # run alone: the first test's install
+        assert flash(models[0], pico.url).returncode == 0
+    # The probe and prepare scripts go first (board_install.py each), then model.bin's copy (~13 KB of traffic)
+    pico.reset(after_bytes=2 * len(BOARD_SCRIPT.read_text()) + 4000)
+    r = flash(models[1], pico.url)
+    assert r.returncode == 2
+    assert re.fullmatch(rf"error: flashing {pico.url} stopped \(SerialException: (read failed: )?socket disconnected\): "
+                        r"nothing was installed, the board keeps its previous install; run the same command again\n",
+                        r.stderr), r.stderr
+    tree = board_tree(pico.url)
+    assert tree[f"{STAGE}/model/model.bin"] < (models[1] / "model.bin").stat().st_size  # it stopped mid-copy
+    with tempfile.TemporaryDirectory() as tmp:
+        mpremote(pico.url, "fs", "cp", ":/model/model.bin", ":/model/config.json", tmp)
+        for name in ("model.bin", "config.json"):
+            assert (Path(tmp) / name).read_bytes() == (models[0] / name).read_bytes()
+    boot = mpremote(pico.url, "exec", "import main")  # what main.py runs at power-on: the old model, whole
+    assert boot.replace("\r", "").startswith(expected_text(models[0]) + "\n[")
+
+    r = flash(models[1], pico.url)
+    assert r.returncode == 0, r.stderr
+    assert "copy 2 files (" in r.stdout and "keep 13 unchanged" in r.stdout  # vocab.bin and the runtime stay
+    assert generated(r.stdout).replace("\r", "") == expected_text(models[1]) != expected_text(models[0])
+    tree = board_tree(pico.url)
+    assert not [p for p in tree if p.startswith("/.piconeox")]
+    with tempfile.TemporaryDirectory() as tmp:
+        mpremote(pico.url, "fs", "cp", ":/model/model.bin", ":/model/config.json", tmp)
+        for name in ("model.bin", "config.json"):
+            assert (Path(tmp) / name).read_bytes() == (models[1] / name).read_bytes()
+
+
+def test_a_board_without_room_is_refused_before_anything_is_copied(models, tmp_path):
+    filler = tmp_path / "filler.bin"
+    filler.write_bytes(bytes(330 * 4096))  # of the 352 blocks: ~70 KB stay free, the install needs more
+    with EmulatedPico(files={"/filler.bin": filler}) as small:
+        r = flash(models[0], small.url)
+        assert r.returncode == 2
+        assert re.fullmatch(r"error: 15 files need [\d,]+ bytes of flash but the board has [\d,]+ \(free [\d,]+ \+ "
+                            r"the current install 0; largest file: kernels_native.mpy, [\d,]+ bytes\); use --mpy "
+                            r"or a smaller model, or delete files on it\n", r.stderr), r.stderr
+        assert board_tree(small.url) == {"/filler.bin": filler.stat().st_size}
+
+
+def test_a_port_that_is_not_a_micropython_repl_is_one_line(models):
+    """An HTTP server: it answers mpremote's Ctrl-C / Ctrl-A with a 400 and hangs up."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer():
+        conn, _ = server.accept()
+        conn.recv(64)
+        conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    port = f"socket://127.0.0.1:{server.getsockname()[1]}"
+    r = flash(models[0], port)
+    server.close()
+    assert r.returncode == 2
+    assert re.fullmatch(rf"error: no MicroPython REPL answered on {port} \(SerialException: (read failed: )?socket "
+                        r"disconnected\): is it a Pico running MicroPython\?\n", r.stderr), r.stderr
