@@ -75,7 +75,7 @@ def find_port() -> str:
 
 def space_needed(files: dict[str, Path], block: int) -> int:
     """Bytes of flash the staged copy takes: whole blocks per file, two per directory, some spare."""
-    dirs = {STAGE} | {STAGE + d.rsplit("/", 1)[0] for d in files if d.count("/") > 1}
+    dirs = {STAGE + "/".join(d.split("/")[:i]) for d in files for i in range(1, d.count("/") + 1)}
     blocks = sum(-(-host.stat().st_size // block) for host in files.values())
     return (blocks + DIR_BLOCKS * len(dirs) + SPARE_BLOCKS) * block
 
