@@ -1,6 +1,10 @@
-"""rp2040.flash without a board: the --dry-run plan, and one clear line for each failure."""
+"""rp2040.flash without a board: the --dry-run plan, and one clear line for each failure (with the emulated
+board: test_rp2040_flash_board.py)."""
+import re
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -121,3 +125,22 @@ def test_a_port_that_cannot_be_opened_is_one_line(model_dir, tmp_path):
     assert r.stderr.splitlines() == [f"error: no MicroPython REPL answered on {tmp_path / 'ttyACM9'} (mpremote: "
                                      f"failed to access {tmp_path / 'ttyACM9'} (it may be in use by another "
                                      "program)): is it a Pico running MicroPython?"]
+
+
+def test_a_port_that_is_not_a_micropython_repl_is_one_line(model_dir):
+    """An HTTP server: it answers mpremote's Ctrl-C / Ctrl-A with a 400 and hangs up."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer():
+        conn, _ = server.accept()
+        conn.recv(64)
+        conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    port = f"socket://127.0.0.1:{server.getsockname()[1]}"
+    r = _cli(model_dir, "--mpy", "--prompt", "Hi", "--port", port)
+    server.close()
+    assert r.returncode == 2
+    assert re.fullmatch(rf"error: no MicroPython REPL answered on {port} \(SerialException: (read failed: )?socket "
+                        r"disconnected\): is it a Pico running MicroPython\?\n", r.stderr), r.stderr
