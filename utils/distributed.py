@@ -213,32 +213,6 @@ def weights_come_from_rank0(accelerator) -> bool:
     return bool(plugin and plugin.cpu_ram_efficient_loading and not accelerator.is_main_process)
 
 
-def route_interface(host: str) -> str | None:
-    """The network interface whose IPv4 route reaches `host` ('lo' for loopback), or None when unknown.
-
-    Multi-machine gloo groups (the savers', the stop vote's) bind to the address the hostname resolves to, often
-    127.0.1.1 from /etc/hosts, which no other machine can reach: GLOO_SOCKET_IFNAME names this interface instead.
-    """
-    import ipaddress
-    import socket
-    from pathlib import Path
-
-    try:
-        addr = ipaddress.IPv4Address(socket.gethostbyname(host))
-        table = Path("/proc/net/route").read_text().splitlines()[1:]
-    except (OSError, ValueError):
-        return None
-    if addr.is_loopback:
-        return "lo"
-    best = None  # (prefix bits, interface): the longest matching prefix wins, as in the kernel
-    for line in table:
-        fields = line.split()
-        dest, mask = (int.from_bytes(bytes.fromhex(x), "little") for x in (fields[1], fields[7]))
-        if int(addr) & mask == dest and (best is None or mask.bit_count() > best[0]):
-            best = (mask.bit_count(), fields[0])
-    return best[1] if best else None
-
-
 def compile_layers(model) -> None:
     """Compile each GPT-NeoX decoder layer in place (torchtitan's regional compile), for DDP.
 
