@@ -258,7 +258,7 @@ class CheckpointUploader:
                 self._in_flight = request
                 self._cond.notify_all()  # a submit() may be waiting for this slot
             result = self._persist(request)
-            del request  # the staged snapshot (pinned memory on CUDA) goes now, not when the next save arrives
+            del request  # the staged snapshot goes now: its buffers (Stager) can take the next save, no second set
             with self._cond:
                 self._results.append(result)
                 self._in_flight = None
