@@ -31,7 +31,9 @@ def write_shards(snap: Snapshot, folder: Path, group=None) -> list[str]:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    dcp.save(snap.state, storage_writer=dcp.FileSystemWriter(folder), process_group=group,
+    # per_thread_copy_ahead=0: the state is staged on the CPU already; DCP's default "copy ahead from the GPU"
+    # loader asks torch.cuda for a stream whenever a GPU is visible, opening a context on a CPU run's GPU 0
+    dcp.save(snap.state, storage_writer=dcp.FileSystemWriter(folder, per_thread_copy_ahead=0), process_group=group,
              no_dist=snap.world_size == 1)
     with atomic_write(folder / rng_name(snap.rank)) as f:
         torch.save(snap.rng, f)
