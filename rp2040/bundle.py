@@ -39,14 +39,24 @@ def model_files(model_dir: Path) -> dict[str, Path]:
 
 
 def check_model(path: Path) -> None:
-    """Refuse, in one line, a model.bin the board would refuse: foreign, truncated or corrupt."""
+    """Refuse, in one line, a model.bin (and the vocab.bin beside it) the board would refuse: foreign, truncated,
+    corrupt, or with header fields that lie (heads = 0, counts beyond the file, vocab sizes that differ)."""
     from rp2040.runtime.modelfile import FormatError, read_header, verify_checksum
+    from rp2040.runtime.tokenizer import Tokenizer
 
+    vocab = Path(path).with_name("vocab.bin")
     try:
         with open(path, "rb") as f:
-            verify_checksum(f, read_header(f)[1])
+            header, layout = read_header(f)
+            verify_checksum(f, layout)
     except FormatError as e:
         raise PiconeoxError(f"{path}: {e}") from None
+    try:
+        tokens = Tokenizer(str(vocab)).vocab
+    except FormatError as e:
+        raise PiconeoxError(f"{vocab}: {e}") from None
+    if tokens != header.vocab:
+        raise PiconeoxError(f"{vocab} has {tokens} tokens, {path} {header.vocab}: export the model again")
 
 
 def mpy_cross() -> str:
