@@ -33,8 +33,9 @@ class LocalStorage(Storage):
     def list(self, prefix: str = "", *, checksums: bool = True) -> dict[str, ObjectInfo]:
         found = {}
         folder, _, _ = prefix.rpartition("/")
-        for dirpath, _dirs, files in os.walk(self._path(folder) if folder else self.root):
-            for file in files:
+        for dirpath, dirs, files in os.walk(self._path(folder) if folder else self.root):
+            # os.walk lists a link to a folder among the folders and never enters it: list it, for get to refuse
+            for file in files + [d for d in dirs if Path(dirpath, d).is_symlink()]:
                 if in_flight(file):
                     continue
                 path = Path(dirpath, file)

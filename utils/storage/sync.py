@@ -163,10 +163,10 @@ def download_tree(src: Storage, dest: Path, *, include: str | None = None, worke
 
 
 def _local_files(root: Path) -> dict[str, Path]:
-    """Files under root by '/'-separated relative name, without sync's own index and in-flight files."""
+    """Files (and links) under root by '/'-separated relative name, without sync's own index and in-flight files."""
     files = {}
-    for dirpath, _dirs, names in os.walk(root):
-        for file in names:
+    for dirpath, dirs, names in os.walk(root):
+        for file in names + [d for d in dirs if Path(dirpath, d).is_symlink()]:  # links: listed, then refused
             if file == INDEX_NAME or in_flight(file):
                 continue
             path = Path(dirpath, file)
