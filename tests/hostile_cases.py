@@ -140,7 +140,7 @@ def uf2(blocks: list[dict]) -> bytes:
 
     out = b""
     for i, b in enumerate(blocks):
-        fields = (b.get("address", u.FLASH_START + 256 * i), b.get("size", 256), b.get("number", i),
+        fields = (b.get("address", 0x10000000 + 256 * i), b.get("size", 256), b.get("number", i),
                   b.get("count", len(blocks)))
         head = struct.pack("<8I", u.MAGIC_START0, u.MAGIC_START1, u.FLAG_FAMILY_ID, *fields, u.RP2040_FAMILY)
         out += head + bytes(476) + struct.pack("<I", u.MAGIC_END)
