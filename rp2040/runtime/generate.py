@@ -9,7 +9,6 @@ import json
 import time
 
 from .gpt import GPT
-from .modelfile import FormatError
 from .sampling import Sampler
 from .tokenizer import StreamDecoder, Tokenizer
 
@@ -30,9 +29,6 @@ def load(model_dir, stream=None):
     if stream is None:
         stream = config["runtime"]["stream"]
     model = GPT(model_dir + "/model.bin", stream=stream)
-    if tok.vocab != model.h.vocab:
-        model.close()
-        raise FormatError("vocab.bin has %d tokens, model.bin %d: export both again" % (tok.vocab, model.h.vocab))
     return model, tok, config
 
 

@@ -45,12 +45,6 @@ class Header:
             raise FormatError("model.bin is version %d; this runtime reads version %d" % (self.version, VERSION))
         if self.dtype not in (DTYPE_F32, DTYPE_INT8):
             raise FormatError("model.bin dtype %d is unknown (0 = f32, 1 = int8)" % self.dtype)
-        for name in ("vocab", "hidden", "layers", "heads", "inter", "context"):
-            if getattr(self, name) < 1:
-                raise FormatError("model.bin header has %s = 0 (corrupt or foreign file)" % name)
-        if self.hidden % self.heads or self.rotary_dims % 2 or self.rotary_dims > self.hidden // self.heads:
-            raise FormatError("model.bin header shape does not hold together: hidden %d, heads %d, rotary dims %d "
-                              "(corrupt or foreign file)" % (self.hidden, self.heads, self.rotary_dims))
         self.tied = bool(flags & FLAG_TIED)
         self.parallel_residual = bool(flags & FLAG_PARALLEL_RESIDUAL)
         self.int8 = self.dtype == DTYPE_INT8
