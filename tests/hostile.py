@@ -53,6 +53,17 @@ for case_id, module, argv, cwd in json.load(sys.stdin):
 """
 
 
+CASES: list["Case"] = []  # every case of tests/hostile_checkpoints.py and tests/hostile_io.py, in order
+
+
+def case(id, message, code=2, **kw):
+    """Register the decorated builder as a Case."""
+    def register(build):
+        CASES.append(Case(id, build, message, code, **kw))
+        return build
+    return register
+
+
 @dataclass
 class Case:
     """One hostile input to one CLI. `build(work, outside, base)` makes the input (under `work`, with whatever it
@@ -123,6 +134,17 @@ def arm_outside(outside: Path) -> dict[str, int]:
             os.utime(path, ns=(st.st_mtime_ns - 10**12, st.st_mtime_ns))
             times[str(path)] = path.stat().st_atime_ns
     return times
+
+
+def reads_are_seen(folder: Path) -> bool:
+    """Whether this filesystem moves an armed access time on a read (not with noatime: then no read is seen)."""
+    probe = folder / "atime-probe"
+    probe.write_text("probe")
+    armed = arm_outside(folder)
+    probe.read_text()
+    seen = bool(read_outside(armed))
+    probe.unlink()
+    return seen
 
 
 def read_outside(times: dict[str, int]) -> list[str]:

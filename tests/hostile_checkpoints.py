@@ -1,17 +1,16 @@
-"""How tests/test_hostile.py builds a hostile input: copies of one trained checkpoint, one dataset and one exported
-Pico model, changed the way an attacker (or a damaged download) would, with the COMPLETE marker recomputed (anyone
-can). Each builder takes (work, outside, base) and returns (module, argv)."""
+"""The checkpoint and dataset cases of tests/test_hostile.py, and how each builds its hostile input: copies of one
+trained checkpoint and one dataset, changed the way an attacker (or a damaged download) would, with the COMPLETE
+marker recomputed (anyone can). Each builder takes (work, outside, base) and returns (module, argv)."""
 from __future__ import annotations
 
-import binascii
 import dataclasses
 import os
 import pickle
 import shutil
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.hostile import CASES, Case, case
 from tests.test_train import TINY
 from utils.ckpt.format import DCP_INDEX, manifest, read_marker, write_marker
 from utils.crc import crc32c_file
@@ -113,42 +112,6 @@ def tool(name: str, folder: Path, work: Path, base: Base) -> tuple[str, list[str
     return calls[name]()
 
 
-# --- the rp2040 files ------------------------------------------------------------------------------------------
-
-def copy_model(work: Path, base: Base) -> Path:
-    shutil.copytree(base.pico, work / "model")
-    return work / "model"
-
-
-def patch(path: Path, offset: int, value: int, fmt: str = "<I") -> None:
-    """Change one header field and recompute the trailing CRC-32: the file is whole, its header lies."""
-    data = bytearray(path.read_bytes())
-    struct.pack_into(fmt, data, offset, value)
-    struct.pack_into("<I", data, len(data) - 4, binascii.crc32(bytes(data[:-4])) & 0xFFFFFFFF)
-    path.write_bytes(bytes(data))
-
-
-# model.bin header: magic 0, version 4, dtype 6, flags 7, vocab 8, hidden 12, layers 16, heads 20, inter 24,
-# context 28, rotary dims 32. vocab.bin: vocab 8, merges 12, eos 16, unk 20, bytes 24, kind 6 (one byte).
-MODEL_FIELDS = {"vocab": 8, "hidden": 12, "layers": 16, "heads": 20, "inter": 24, "context": 28, "rotary": 32}
-VOCAB_FIELDS = {"vocab": 8, "merges": 12, "eos": 16, "unk": 20, "bytes": 24}
-
-
-def uf2(blocks: list[dict]) -> bytes:
-    """UF2 blocks for the RP2040 family; each dict may override address, size, number, count."""
-    from rp2040 import uf2 as u
-
-    out = b""
-    for i, b in enumerate(blocks):
-        fields = (b.get("address", 0x10000000 + 256 * i), b.get("size", 256), b.get("number", i),
-                  b.get("count", len(blocks)))
-        head = struct.pack("<8I", u.MAGIC_START0, u.MAGIC_START1, u.FLAG_FAMILY_ID, *fields, u.RP2040_FAMILY)
-        out += head + bytes(476) + struct.pack("<I", u.MAGIC_END)
-    return out
-
-
-
-
 # --- the cases -------------------------------------------------------------------------------------------------
 # Marker names (issue 33 item 8): every loader stats and hashes what COMPLETE lists; each name below is listed
 # with the size and crc32c of the secret outside, so a loader that follows it finds what it expects.
@@ -238,3 +201,91 @@ def linked(name, loader, kind):
         link_out(folder, name, outside)
         return tool(loader, folder, work, base)
     return build
+
+
+SKIPPED = dict(code=0, leftovers=("*",))  # `--resume auto` passes over a refused step folder (one warning) and
+# starts from the newest one it trusts: here none, so it starts fresh
+for key, (name_of, loader, message) in MARKER_NAMES.items():
+    CASES.append(Case(f"marker-{key}-{loader}", marker_name(name_of, loader), message,
+                      **(SKIPPED if loader == "resume-auto" else {})))
+for key, (changes_of, loader, message) in METADATA.items():
+    CASES.append(Case(f"metadata-{key}-{loader}", metadata(changes_of, loader), message))
+for key, (name, loader, kind) in LINKS.items():
+    CASES.append(Case(f"link-{key}", linked(name, loader, kind), "is a symbolic link",
+                      **(SKIPPED if loader == "resume-auto" else {})))
+
+
+@case("link-notes-consolidate", "notes.json is a symbolic link")
+def _(work, outside, base):  # an unlisted file linked to a secret: was copied into --out
+    folder = copy_step(work, base)
+    (folder / "notes.json").symlink_to(secret(outside))
+    return tool("consolidate", folder, work, base)
+
+
+@case("consolidate-beside-input", "", code=0, leftovers=("out-hf",))
+def _(work, outside, base):  # issue 33 item 9: it wrote (and first deleted) .<name>.weights.tmp beside its input
+    folder = copy_step(work, base)
+    (folder.with_name(f".{STEP}.weights.tmp")).mkdir()
+    (folder.with_name(f".{STEP}.weights.tmp") / "keep.txt").write_text("the user's own folder")
+    return tool("consolidate", folder, work, base)
+
+
+@case("fifo-unlisted-evaluate", "notes.json is not a regular file")
+def _(work, outside, base):
+    folder = copy_step(work, base)
+    os.mkfifo(folder / "notes.json")
+    return tool("evaluate", folder, work, base)
+
+
+@case("fifo-hf-tokenizer-config-generate", "tokenizer_config.json is not a regular file")
+def _(work, outside, base):  # transformers opens every tokenizer file there is: a FIFO would block it
+    folder = copy_final(work, base)
+    (folder / "tokenizer_config.json").unlink()
+    os.mkfifo(folder / "tokenizer_config.json")
+    return tool("generate", folder, work, base)
+
+
+@case("link-step-folders-resume-auto", "", code=0, leftovers=("*",),
+      check=lambda work, outside: (assert_real_step(work / "ckpt" / "run" / "step-00000020"),
+                                   assert_empty(outside / "trap")))
+def _(work, outside, base):  # a planted step-N link: received the next checkpoint; a newer one was resumed from
+    copy_step(work, base)
+    (outside / "trap").mkdir(parents=True)
+    shutil.copytree(base.step, outside / "step-00000030")
+    (work / "ckpt" / "run" / "step-00000020").symlink_to(outside / "trap")
+    (work / "ckpt" / "run" / "step-00000030").symlink_to(outside / "step-00000030")
+    return train_argv(work, base, "--resume", "auto", "--max-steps", "20", "--save-every", "10")
+
+
+def assert_real_step(folder: Path) -> None:
+    from utils.ckpt.format import check_complete
+
+    assert not folder.is_symlink() and check_complete(folder, verify=True) is None
+
+
+def assert_empty(folder: Path) -> None:
+    assert not any(folder.iterdir()), sorted(folder.iterdir())
+
+
+for name in ("train_00000.npy", "manifest.json", "tokenizer.json"):
+    @case(f"link-dataset-{name.split('.')[0]}-train", f"{name} is a symbolic link",
+          leftovers=("data/.crc32c-index.json",))
+    def _(work, outside, base, name=name):
+        data = Path(shutil.copytree(base.data, work / "data"))
+        link_out(data, name, outside)
+        return train_argv(work, base, data=data)
+
+
+@case("link-tokenizer-from", "tokenizer.json is a symbolic link")
+def _(work, outside, base):
+    folder = copy_final(work, base)
+    (work / "data").mkdir()  # prepare_data leaves --out-dir behind when it creates it (not this issue's)
+    link_out(folder, "tokenizer.json", outside)
+    return "prepare_data", ["--name", "d", "--out-dir", str(work / "data"), "--tokenizer-from", str(folder)]
+
+
+@case("link-export-from-pretrained", "tokenizer.json is a symbolic link")
+def _(work, outside, base):
+    folder = copy_final(work, base)
+    link_out(folder, "tokenizer.json", outside)
+    return tool("export", folder, work, base)
