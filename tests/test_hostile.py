@@ -13,7 +13,6 @@ lists is a plain name inside the folder, listed in its COMPLETE marker.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -100,10 +99,10 @@ def test_the_suite_is_bounded(outcomes):
 
 def test_an_emulator_failure_is_its_reason_in_one_line(tmp_path):
     """Node's own failure (here: a filesystem image that is not there) is its one line, not the source and stack."""
-    from rp2040.emulate import RUNNER, node_error
+    from rp2040.emulate import RUNNER, node_error, tools_missing
 
-    if shutil.which("node") is None:
-        pytest.skip("node is not installed (./setup.sh --dev installs the emulator's tools)")
+    if tools_missing():
+        pytest.skip(tools_missing())
     job = {"firmware": str(tmp_path / "fw.bin"), "bootrom": str(tmp_path / "rom.bin"), "fs": str(tmp_path / "none")}
     (tmp_path / "fw.bin").write_bytes(bytes(256))
     (tmp_path / "rom.bin").write_bytes(bytes(16384))
