@@ -16,7 +16,7 @@ RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 DEVICE_PACKAGE = "/lib/piconeox"
 DEVICE_MODEL_DIR = "/model"
 MODEL_FILES = ("model.bin", "vocab.bin", "config.json")
-NATIVE_MODULE = "kernels_native.py"  # viper: compiles only for a native architecture
+NATIVE_MODULE = "kernels_native.py"  # viper and asm_thumb: compile only for a native architecture
 
 
 def runtime_files() -> dict[str, Path]:

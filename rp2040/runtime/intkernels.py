@@ -1,7 +1,7 @@
 """Integer kernels of the int8 forward pass and sampler: the plain-Python twin of kernels_native.py.
 
 Both compute rp2040/FORMAT.md's integer arithmetic (spec: rp2040/reference.py), so they give the same
-integers. On the RP2040 the viper versions replace these (see the import at the end); CPython and the
+integers. On the RP2040 the viper and asm_thumb versions replace these (see the import at the end); CPython and the
 WebAssembly port, which has no native emitter, run these. Arrays are preallocated `array`s: "i" int32
 activations and P values, "b" int8 weights, "h" int16 KV cache, "b" per-row cache shifts.
 """
