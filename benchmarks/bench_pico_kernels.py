@@ -3,8 +3,9 @@ measured on the emulated Pico (real RPI_PICO MicroPython firmware in rp2040js, r
 
     .venv/bin/python benchmarks/bench_pico_kernels.py [--rows 224] [--cols 80] [--profile MODEL_DIR]
 
-Paths: `matvec` with word-aligned rows (asm_thumb dot products, then viper requantization), the same rows at
-byte offset 1 (the viper loop every row took before asm_thumb), and the dot products alone (`dots`). Flash:
+Paths: `matvec` with word-aligned rows (asm_thumb dot products and requantization), the dot products alone
+(`dots`), asm_thumb dot products with the viper requantization (a shift above 46 takes it), and rows at byte
+offset 1 with that shift (all viper: the path every row took before asm_thumb). Flash:
 `readinto` of a littlefs file into a reused buffer, in 4 KiB blocks and in one read of the whole matrix, as
 the streaming runtime does per layer. Cycles are emulated (125 per us of `time.ticks_us`), so the figures are
 the same on any host; rp2040js does not model the XIP flash cache, so real flash reads cost more.
@@ -42,9 +43,10 @@ def best(fn):
         t = min(t, time.ticks_diff(time.ticks_us(), a))
     return t
 
-print("@@ matvec asm_thumb", best(lambda: KN.matvec(out, w, 0, x, R, C, p, 0, 14, -1)), R * C)
+print("@@ matvec asm_thumb", best(lambda: KN.matvec(out, w, 0, x, R, C, p, 0, 20, -1)), R * C)
 print("@@ dots asm_thumb", best(lambda: KN.dots(out, w, x, (R << 16) | C)), R * C)
-print("@@ matvec viper", best(lambda: KN.matvec(out, w, 1, x, R, C, p, 0, 14, -1)), R * C)
+print("@@ matvec viper_requantize", best(lambda: KN.matvec(out, w, 0, x, R, C, p, 0, 47, -1)), R * C)
+print("@@ matvec viper", best(lambda: KN.matvec(out, w, 1, x, R, C, p, 0, 47, -1)), R * C)
 mv = memoryview(w)
 def blocks():
     f.seek(0)

@@ -10,20 +10,21 @@ from rp2040 import emulate, wasm
 from rp2040.reference import linear
 from rp2040.runtime.fixed import input_limit
 
-# (n_out, n_in, w_off): word-aligned rows (asm_thumb on the Pico), rows of 30 and rows starting at byte 1 (viper)
-CASES = [(24, 36, 0), (5, 30, 0), (7, 12, 1)]
+# (n_out, n_in, w_off, |x| below, |m| below, shift): word-aligned rows (asm_thumb dot products on the Pico), rows of
+# 30 and rows starting at byte 1 (viper); requantization shifts >= 15 and 0..14 (asm_thumb) and negative (viper).
+CASES = [(24, 36, 0, 1 << 24, 32768, 30), (5, 30, 0, 1 << 24, 32768, 20), (7, 12, 1, 1 << 10, 32, -3)]
 
 
 def _cases():
     rng = np.random.default_rng(0)
     out = []
-    for n_out, n_in, w_off in CASES:
+    for n_out, n_in, w_off, x_max, m_max, shift in CASES:
         w = rng.integers(-128, 128, (n_out, n_in))
         w[0, :4] = [-128, 127, -127, -1]  # every byte lane at the extremes of the sign extension
-        x = rng.integers(-(1 << 24), 1 << 24, n_in)  # above the input limit: quantize shifts it
-        mult = rng.integers(-32767, 32768, n_out)
+        x = rng.integers(-x_max, x_max, n_in)  # 2**24 is above the input limit: quantize shifts it
+        mult = rng.integers(-m_max + 1, m_max, n_out)
         bias = rng.integers(-(1 << 20), 1 << 20, n_out)
-        out.append((n_out, n_in, w_off, w, x, mult, bias, 22))
+        out.append((n_out, n_in, w_off, w, x, mult, bias, shift))
     return out
 
 

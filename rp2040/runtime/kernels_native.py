@@ -4,8 +4,8 @@ Imported under try/except by intkernels.py: CPython has no `micropython` module 
 port rejects viper and asm_thumb at compile time; both keep the plain-Python twins, which compute the
 same ints. Everything here is 32-bit machine words. ptr8/ptr16 read unsigned, so int8 weights and the
 int16 cache are sign-extended by hand; products that could pass 32 bits are split (see matvec). The
-int8 dot products, most of a token's cycles, are Cortex-M0+ assembly (`dots`): 7.8 cycles per
-multiply-add against viper's 36 (benchmarks/bench_pico_kernels.py).
+int8 matrix-vector products, most of a token's cycles, are Cortex-M0+ assembly (`dots`, then
+`requantize`): 8.4 cycles per multiply-add against viper's 37 (benchmarks/bench_pico_kernels.py).
 """
 import micropython
 
@@ -39,7 +39,7 @@ def dots(r0, r1, r2, r3):
     # out[o] = sum_i w[o*n_in + i] * x[i] for each row: r0 out (int32), r1 the rows (int8, word aligned),
     # r2 x (int32), r3 = n_out << 16 | n_in (both >= 1, n_in a multiple of 4). One word holds four
     # weights, sign-extended from it in registers: 29 cycles per word on the Cortex-M0+ (7.8 per
-    # multiply-add with the per-row work at 80 inputs, against 36 for the viper loop below).
+    # multiply-add with the per-row work at 80 inputs, against 37 for the viper loops below).
     label(ROW)
     push({r0, r3})  # r0 and r3 serve as scratch inside a row
     lsl(r3, r3, 16)
@@ -81,11 +81,51 @@ def dots(r0, r1, r2, r3):
     bne(ROW)
 
 
+@micropython.asm_thumb
+def requantize(r0, r1, r2, r3):
+    # In place, each row's sum to floor(acc * m / 2**shift) (+ bias), as matvec's viper loop computes it:
+    # r0 the sums (int32), r1 the row multipliers, r2 the biases (0: none), r3 = n_out << 16 | u << 10 |
+    # v << 5 | w with y = (((hi * m) << u) + ((lo * m) >> v)) >> w, acc = hi * 2**15 + lo.
+    label(ROW)
+    ldr(r4, [r0, 0])
+    ldr(r6, [r1, 0])  # r6: m
+    add(r1, 4)
+    lsl(r5, r4, 17)
+    lsr(r5, r5, 17)  # r5: lo
+    asr(r4, r4, 15)  # r4: hi
+    mul(r5, r6)
+    mul(r4, r6)
+    lsl(r7, r3, 17)
+    lsr(r7, r7, 27)
+    lsl(r4, r7)  # << u
+    lsl(r7, r3, 22)
+    lsr(r7, r7, 27)
+    asr(r5, r7)  # >> v
+    add(r4, r4, r5)
+    lsl(r7, r3, 27)
+    lsr(r7, r7, 27)
+    asr(r4, r7)  # >> w
+    cmp(r2, 0)
+    beq(STORE)
+    ldr(r7, [r2, 0])
+    add(r4, r4, r7)
+    add(r2, 4)
+    label(STORE)
+    str(r4, [r0, 0])
+    add(r0, 4)
+    mov(r7, 1)
+    lsl(r7, r7, 16)
+    sub(r3, r3, r7)  # one row fewer
+    lsr(r7, r3, 16)
+    bne(ROW)
+
+
 @micropython.viper
 def matvec(out: ptr32, w: ptr8, w_off: int, xq: ptr32, n_out: int, n_in: int, p: ptr32, m_off: int,  # noqa: F821
            shift: int, b_off: int):
     pw = uint(w) + w_off
-    if n_out > 0 and n_out < 65536 and n_in < 65536 and ((int(pw) | n_in) & 3) == 0:
+    rows16 = n_out > 0 and n_out < 65536  # the asm_thumb functions count rows in 16 bits
+    if rows16 and n_in < 65536 and ((int(pw) | n_in) & 3) == 0:
         dots(out, pw, xq, (n_out << 16) | n_in)  # the sums by asm_thumb
     else:  # rows that are not word aligned: viper, four products per step (half the cycles of indexing)
         n4 = (n_in >> 2) << 2
@@ -108,16 +148,22 @@ def matvec(out: ptr32, w: ptr8, w_off: int, xq: ptr32, n_out: int, n_in: int, p:
                 pw += 1
                 px += 4
             out[o] = acc
-    for o in range(n_out):
-        # floor(acc * m / 2**shift) in 32 bits: acc = hi * 2**15 + lo, |hi * m| and lo * m < 2**30
+    # floor(acc * m / 2**shift) in 32 bits: acc = hi * 2**15 + lo, |hi * m| and lo * m < 2**30
+    if rows16 and shift >= 0 and shift <= 46:  # by asm_thumb: the shift counts fit its 5-bit fields
+        bias = int(uint(p)) + 4 * b_off if b_off >= 0 else 0
+        if shift >= 15:
+            code = (15 << 5) | (shift - 15)
+        else:
+            code = ((15 - shift) << 10) | (shift << 5)
+        requantize(out, int(uint(p)) + 4 * m_off, bias, (n_out << 16) | code)
+        return
+    for o in range(n_out):  # shifts beyond those fields (negative, or above 46) in viper
         acc = out[o]
         m = p[m_off + o]
         hi = acc >> 15
         lo = (acc & 32767) * m
         if shift >= 15:
             y = (hi * m + (lo >> 15)) >> (shift - 15)
-        elif shift >= 0:
-            y = ((hi * m) << (15 - shift)) + (lo >> shift)
         else:
             y = ((hi * m) << (15 - shift)) + (lo << (0 - shift))
         if b_off >= 0:
