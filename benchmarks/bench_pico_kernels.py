@@ -26,7 +26,7 @@ from rp2040.pico_exec import CYCLES_PER_US, run_code  # noqa: E402
 DEVICE = """
 import time
 from array import array
-from piconeox import kernels_native as KN
+from piconeox import matvec_native as KN
 R, C = {rows}, {cols}
 w = bytearray(R * C + 4)
 f = open("/blob.bin", "rb")
