@@ -17,7 +17,7 @@ RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 DEVICE_PACKAGE = "/lib/piconeox"
 DEVICE_MODEL_DIR = "/model"
 MODEL_FILES = ("model.bin", "vocab.bin", "config.json")
-NATIVE_MODULE = "kernels_native.py"  # viper: compiles only for a native architecture
+NATIVE_MODULES = ("kernels_native.py", "matvec_native.py")  # viper, asm_thumb: only for a native architecture
 
 
 def runtime_files() -> dict[str, Path]:
@@ -112,15 +112,15 @@ def mpy_cross() -> str:
 def compile_runtime(files: dict[str, Path], out_dir: Path, march: str | None) -> dict[str, Path]:
     """Compile the package modules to .mpy in `out_dir` (main.py stays source: the board boots it).
 
-    Without `march` the bytecode is portable (the WebAssembly port loads it) and the viper module
-    is left out, as only a native architecture can compile it; with march="armv6m" it is native.
+    Without `march` the bytecode is portable (the WebAssembly port loads it) and the viper and asm_thumb
+    modules are left out, as only a native architecture can compile them; with march="armv6m" they are native.
     """
     compiled = {}
     for dev, src in files.items():
         if dev == "/main.py":
             compiled[dev] = src
             continue
-        if src.name == NATIVE_MODULE and march is None:
+        if src.name in NATIVE_MODULES and march is None:
             continue
         dst = Path(out_dir) / (src.stem + ".mpy")
         cmd = [mpy_cross(), "-o", str(dst)] + ([f"-march={march}"] if march else []) + [str(src)]
