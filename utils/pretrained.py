@@ -82,10 +82,14 @@ def open_pretrained(path: str | Path) -> Pretrained:
     from tokenizers import Tokenizer
     from transformers import GPTNeoXConfig
 
+    from utils.ckpt.format import foreign_entry
+
     path = Path(path)
     if not path.is_dir():
         raise PiconeoxError(f"--init-from {path}: no such folder (give a Hugging Face GPT-NeoX checkpoint folder, "
                             "e.g. a downloaded Pythia model or checkpoints/<run>/final)")
+    if reason := foreign_entry(path):  # a link or FIFO inside: nothing outside the folder is read
+        raise PiconeoxError(f"--init-from {reason}")
     config_file = path / "config.json"
     if not config_file.is_file():
         raise PiconeoxError(f"--init-from {path}: no config.json; not a Hugging Face checkpoint folder")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from utils.ckpt.format import DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, rng_name
+from utils.ckpt.format import DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, foreign_entry, rng_name
 from utils.ckpt.state import sharded_state
 from utils.errors import PiconeoxError
 
@@ -87,6 +87,8 @@ def load_model(folder: Path):
     folder = Path(folder)
     if (folder / MARKER).exists():
         checked(folder)
+    elif reason := foreign_entry(folder):
+        raise PiconeoxError(reason)
     try:
         if (folder / WEIGHTS_FILE).is_file():
             return GPTNeoXForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from utils.errors import PiconeoxError
 from utils.storage.base import (PARTIAL_SUFFIX, ObjectExists, ObjectInfo, Storage, StorageError, in_flight,
-                                parse_gs_url, safe_relpath)
+                                no_link_below, parse_gs_url, safe_relpath)
 from utils.storage.local import LocalStorage
 
 __all__ = ["PARTIAL_SUFFIX", "LocalStorage", "ObjectExists", "ObjectInfo", "Storage", "StorageError", "in_flight",
-           "is_remote", "open_storage", "parse_gs_url", "safe_relpath"]
+           "is_remote", "no_link_below", "open_storage", "parse_gs_url", "safe_relpath"]
 
 REMOTE_SCHEMES = ("gs://",)  # object stores behind this interface; a new one (s3://) is one entry plus a backend
 
