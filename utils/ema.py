@@ -21,6 +21,16 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return getattr(t, "_local_tensor", t)
 
 
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of `t`; a DTensor stays a DTensor (same mesh and placements) around a CPU copy of its shard."""
+    local = _local(t).detach().to("cpu", copy=True)
+    if not hasattr(t, "_local_tensor"):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+
+
 class WeightEMA:
     """The average of `model`'s parameters; a sharded part (utils/ckpt/parts.py) with state_dict()/load_state_dict()."""
 
@@ -65,10 +75,13 @@ class WeightEMA:
                 module.reshard()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """A host copy taken now ({name: tensor}, DTensor shards stay shards): the saver writes it later."""
-        from utils.ckpt.state import stage
-
-        return stage(self.names)
+        """A host copy taken now ({name: tensor}, DTensor shards stay shards, tied names share one copy): the saver
+        writes it later. Its own copy, not the model's staging buffers: those are reused once their save is done."""
+        copies: dict[int, torch.Tensor] = {}
+        for t in self.names.values():
+            if id(t) not in copies:
+                copies[id(t)] = _host_copy(t)
+        return {name: copies[id(t)] for name, t in self.names.items()}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
