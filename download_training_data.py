@@ -20,7 +20,7 @@ from pathlib import Path
 from utils.atomic import check_writable_dir
 from utils.errors import CliParser, Interrupted, PiconeoxError, cli
 from utils.data.shards import MANIFEST_FILE, verify_dataset
-from utils.storage import open_storage
+from utils.storage import is_remote, open_storage
 from utils.storage.sync import SyncSummary, download_tree, upload_tree
 
 
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> SyncSummary:
         raise PiconeoxError(f"--workers must be at least 1, got {args.workers}")
     if args.no_overwrite and not args.push:
         raise PiconeoxError("--no-overwrite applies only to --push")
-    local_dest = args.source or not args.dest.startswith("gs://")
+    local_dest = args.source or not is_remote(args.dest)
     if local_dest and not args.dry_run:
         check_writable_dir(args.dest.removeprefix("file://"), "--dest")
     if args.source:

@@ -14,13 +14,32 @@ import gc
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from configs.run import RunSettings
 from utils.errors import CliParser, PiconeoxError, cli
+
+if TYPE_CHECKING:  # the types of `Run`'s fields; each is imported where it is built
+    import logging
+
+    import torch
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    from torch.optim.lr_scheduler import LambdaLR
+    from transformers import PreTrainedTokenizerFast
+
+    from configs.presets import RunConfig
+    from configs.training import TrainConfig
+    from utils.ckpt.checkpointer import Checkpointer, TrainerState
+    from utils.data.loader import BlockLoader
+    from utils.ema import WeightEMA
+    from utils.report.metrics import MetricsWriter
+    from utils.report.progress import TrainReport
+    from utils.run.preemption import StopRequest, StopVote
 
 # Shortcuts for the most used train.* settings (same as --set train.KEY=VALUE).
 SHORTCUTS = {
@@ -103,68 +122,69 @@ def with_init_from(cfg):
     return replace(cfg, model=ModelConfig.from_hf(pretrained.hf_config)).validate(), pretrained
 
 
-def preflight(cfg, pretrained, processes: int | None = None) -> Path | None:
-    """Before the launch, no GPU: check output folders, --data, --init-from, --resume and gs:// credentials
-    (configs/run.py checked the rest), then sync a gs:// --data into this machine's cache and return that folder."""
-    from utils.ckpt.format import find_checkpoint
-    from utils.run import runlock
-    from utils.data.shards import verify_dataset
-    from utils.data.source import DATA_CACHE, check_data_arg, ensure_local
-    from utils.run.run_folders import check_new_run
-    from utils.report.trackers import check_wandb_login, parse_report_to
-
-    if (local := check_data_arg(cfg.train)) is not None:
-        dataset = verify_dataset(local)  # hashes the shards on first use; the launched run then finds them cached
-        if pretrained:
-            pretrained.check_dataset(local, dataset.tokenizer_sha256)
-    if processes is not None and processes < 1:
-        raise PiconeoxError(f"--processes {processes}: must be at least 1")
-    if processes and not cfg.run.resume:  # known now: a resume keeps its checkpoint's global batch
-        cfg.train.for_world(processes)
-    s = cfg.run
-    name, run_dir, log_dir = run_dirs(cfg)
-    with runlock.for_launcher(s.output_dir, name):  # held for the whole run unless a check here refuses it
-        check_new_run(s.resume, run_dir, log_dir)
-        if "wandb" in parse_report_to(s.report_to):
-            check_wandb_login()  # caught here, not after the model is built
-        if s.credentials or any(u and u.startswith("gs://") for u in (cfg.train.data, s.checkpoint_bucket, s.resume)):
-            from utils.storage.gcs import resolve_credentials  # the Google clients only where gs:// is used
-
-            resolve_credentials(s.credentials)  # the key loads; no bucket is read
-        if s.resume and s.resume != "auto" and not s.resume.startswith("gs://"):
-            find_checkpoint(s.resume, resume=True, flag="--resume ", warn=lambda _: None)
-    if cfg.train.data.startswith("gs://"):
-        return ensure_local(cfg.train.data, DATA_CACHE, s.credentials)
-    return None
-
-
 # --- setup: one line per component --------------------------------------------------------------------------
 
 @dataclass
 class Run:
     """The parts of a run in training: what `setup` built and `train` / `finish` use."""
 
-    cfg: object  # configs.presets.RunConfig, final (vocab, batch for this world size, run settings)
+    cfg: RunConfig  # final (vocab, batch for this world size, run settings)
     name: str
     run_dir: Path
     log_dir: Path
-    accelerator: object
-    model: object  # prepared (DDP / FSDP2 wrapped, maybe compiled)
-    optimizer: object  # accelerate's wrapper; .optimizer is the torch one
-    scheduler: object
-    train_loader: object
-    val_loader: object
-    tokenizer: object
-    state: object  # utils.TrainerState: step, tokens seen, best val loss
-    checkpointer: object  # utils.Checkpointer over every stateful part
-    uploader: object  # utils.ckpt.uploader.CheckpointUploader: writes and uploads off the training thread
-    metrics: object  # utils.report.metrics.MetricsWriter
-    log: object
-    stop: object  # utils.run.preemption.StopRequest: signals and upload failures ask for a clean stop
-    report: object  # utils.report.progress.TrainReport: bar, scalars, eval line, summary
-    vote: object = None  # utils.run.preemption.StopVote: every rank agrees when to stop
-    saved_step: int = 0  # the step of the newest full checkpoint handed to the uploader
-    grad_norm: float = 0.0
+    accelerator: Accelerator
+    model: torch.nn.Module  # prepared (DDP / FSDP2 wrapped, maybe compiled)
+    optimizer: AcceleratedOptimizer  # .optimizer is the torch one
+    scheduler: LambdaLR
+    train_loader: BlockLoader
+    val_loader: BlockLoader
+    tokenizer: PreTrainedTokenizerFast
+    state: TrainerState  # step, tokens seen, best val loss
+    ckpt: Checkpointer  # the checkpoint room's one face: resume, saves, uploads, final/
+    ema: WeightEMA | None  # train.ema_decay's average of the weights, None when off
+    metrics: MetricsWriter
+    log: logging.Logger
+    stop: StopRequest  # signals and upload failures ask for a clean stop
+    report: TrainReport  # bar, scalars, eval line, summary
+    vote: StopVote | None = None  # every rank agrees when to stop
+    grad_norm: torch.Tensor | float = 0.0
+
+
+def build_model(cfg: RunConfig, pretrained, accelerator: Accelerator, resumed: bool, log: logging.Logger):
+    """The model on this rank's device: --init-from's weights, else random ones (a resume loads its own after
+    prepare(), each rank its shard); shapes only where prepare() brings rank 0's weights."""
+    from configs.model import build_model as from_config
+    from configs.plan import use_activation_checkpointing
+    from utils.distributed import weights_come_from_rank0
+
+    shapes_only = weights_come_from_rank0(accelerator)
+    model = pretrained.load_model() if pretrained and not resumed and not shapes_only else \
+        from_config(cfg.model, shapes_only=shapes_only)
+    model.set_attn_implementation(cfg.train.attention)
+    if use_activation_checkpointing(cfg, accelerator, accelerator.device.type == "cuda"):
+        model.activation_checkpointing_enable()
+        log.info("activation checkpointing on: each layer's activations are recomputed in the backward pass")
+    if not shapes_only and not accelerator.is_fsdp2:  # prepare() places FSDP2 shards: never rank 0's full model
+        model.to(accelerator.device)
+    return model, shapes_only
+
+
+def prepare(model, tc: TrainConfig, accelerator: Accelerator):
+    """(model, optimizer, scheduler) wrapped for this world (DDP or FSDP2) and maybe compiled."""
+    import torch
+
+    from utils.distributed import compile_layers
+    from utils.optim import build_optimizer, build_scheduler
+
+    optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
+    scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
+    model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
+    if tc.compile == "on" or (tc.compile == "auto" and accelerator.device.type == "cuda"):
+        if accelerator.num_processes > 1 and not accelerator.is_fsdp2:  # DDP: one graph per layer, not per bucket
+            compile_layers(accelerator.unwrap_model(model))
+        else:
+            model = torch.compile(model)  # after prepare(): saved keys never carry `_orig_mod.`
+    return model, optimizer, scheduler
 
 
 def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = False) -> Run:
@@ -173,30 +193,25 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     import transformers
     from accelerate.utils import set_seed
 
-    from configs.model import build_model, count_parameters
-    from configs.plan import model_flops_per_token, use_activation_checkpointing
+    from configs.model import count_parameters
+    from configs.plan import model_flops_per_token
     from utils.ckpt.checkpointer import Checkpointer, TrainerState, training_parts
-    from utils.ckpt.state import grace_warning
-    from utils.run import runlock
-    from utils.ckpt import partials, resume
-    from utils.ckpt.uploader import open_uploader
     from utils.data.source import local_dataset, make_loaders
     from utils.data.tokenizers import load_tokenizer
-    from utils.distributed import compile_layers, make_accelerator, rank0_decides, weights_come_from_rank0
-    from utils.run.lifeline import GraceDeadline
+    from utils.distributed import make_accelerator, rank0_decides
+    from utils.ema import WeightEMA
     from utils.lm import auto_micro_batch
     from utils.report.metrics import MetricsWriter, peak_flops, setup_logging
-    from utils.optim import build_optimizer, build_scheduler
-    from utils.run.preemption import StopRequest
     from utils.report.progress import TrainReport, log_start
-    from utils.run.run_folders import claim_run_dirs, keep_earlier_best
-    from utils.storage.sync import host_dir
     from utils.report.trackers import parse_report_to
+    from utils.run import runlock
+    from utils.run.lifeline import GraceDeadline
+    from utils.run.preemption import StopRequest
+    from utils.run.run_folders import claim_run_dirs, keep_earlier_best
 
     s, tc = cfg.run, cfg.train
     transformers.utils.logging.disable_progress_bar()  # save_pretrained's shard bar would break our own bar
     accelerator = make_accelerator(tc.mixed_precision, torch.cuda.is_available(), s.collective_timeout_minutes)
-    cuda = accelerator.device.type == "cuda"  # False with --gpus 0 even where a GPU exists
     set_seed(tc.seed)
     cleanup.callback(torch.set_float32_matmul_precision, torch.get_float32_matmul_precision())  # process-wide
     torch.set_float32_matmul_precision(tc.matmul_precision)
@@ -215,55 +230,32 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     stop = StopRequest(s.grace_seconds)
     cleanup.enter_context(GraceDeadline(stop))  # a stop that cannot finish (a peer gone) ends after the grace
     cleanup.enter_context(stop)  # from here SIGTERM/SIGINT/SIGHUP only ask for a clean stop (at the first micro-step)
-    uploader = cleanup.enter_context(open_uploader(s, tc.keep_last, name, accelerator))
-    # Where to resume (rank 0 decides, before anything heavy is built, so a bad path fails fast).
-    resume_from = resume.agree(accelerator, s.resume, run_dir, uploader.store,
-                               host_dir(Path(s.output_dir) / ".remote-cache"),  # output_dir may be shared: one each
-                               s.credentials, s.grace_seconds, log)
-    uploader.saver.completed |= partials.clean_at_start(accelerator, run_dir, uploader.store, log)  # crashes' leftovers
-    cfg, tokenizer_sha256 = resume.resumed_config(cfg, resume_from, accelerator.num_processes, data_dir)
+    ckpt = cleanup.enter_context(Checkpointer.open(s, name, run_dir, keep_last=tc.keep_last, metrics=metrics,
+                                                   best_and_final=tc.best_and_final, accelerator=accelerator, log=log))
+    resume_from = ckpt.agree()  # rank 0 decides, before anything heavy is built, so a bad path fails fast
+    cfg, tokenizer_sha256 = ckpt.resumed_config(cfg, data_dir)
     if pretrained:
         pretrained.check_dataset(data_dir, tokenizer_sha256)
         log.info(f"--init-from {pretrained.path}: model shape from its config.json ({pretrained.describe()}), not the "
                  f"preset's model section" + ("" if resume_from else "; its weights and tokenizer, a fresh optimizer"))
 
-    shapes_only = weights_come_from_rank0(accelerator)
-    # --init-from's weights, else random ones: a resume loads its own after prepare(), each rank its shard.
-    model = pretrained.load_model() if pretrained and not resume_from and not shapes_only else \
-        build_model(cfg.model, shapes_only=shapes_only)  # shapes only: prepare() brings rank 0's weights
-    model.set_attn_implementation(cfg.train.attention)
-    if use_activation_checkpointing(cfg, accelerator, cuda):
-        model.activation_checkpointing_enable()
-        log.info("activation checkpointing on: each layer's activations are recomputed in the backward pass")
+    model, shapes_only = build_model(cfg, pretrained, accelerator, resume_from is not None, log)
     n_params = count_parameters(model)
-    if accelerator.is_main_process and (note := grace_warning(n_params, accelerator.num_processes,
-                                                                   s.grace_seconds, uploader.store is not None)):
-        log.warning(note)
-    sharded = accelerator.is_fsdp2  # prepare() places FSDP2 shards: rank 0's full model never goes to its GPU
-    if not shapes_only and not sharded:
-        model.to(accelerator.device)
     if auto_batch:
         cfg = replace(cfg, train=auto_micro_batch(cfg.train, model, accelerator, shapes_only, log))
         train_loader, val_loader = make_loaders(data_dir, cfg.train, accelerator)
     tc = cfg.train
     log_start(log, name, cfg, train_loader, accelerator, data_dir, n_params)
-    optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
-    scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
-    model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
-    if tc.compile == "on" or (tc.compile == "auto" and cuda):
-        if accelerator.num_processes > 1 and not sharded:  # DDP: one graph per layer, not one per gradient bucket
-            compile_layers(accelerator.unwrap_model(model))
-        else:
-            model = torch.compile(model)  # after prepare(): saved keys never carry `_orig_mod.`
-
+    model, optimizer, scheduler = prepare(model, tc, accelerator)
+    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    ema = WeightEMA(unwrapped, tc.ema_decay) if tc.ema_decay else None  # after prepare(): it mirrors the shards
     state = TrainerState()
     run_config = {**cfg.to_dict(), "data_tokenizer_sha256": tokenizer_sha256, "init_from": s.init_from}
-    parts = training_parts(scheduler, accelerator.scaler, train_loader, state, metrics)
-    checkpointer = Checkpointer(accelerator.unwrap_model(model, keep_torch_compile=False), optimizer.optimizer,
-                                     parts, run_config=run_config, tokenizer=tokenizer,
-                                     rank=accelerator.process_index, world_size=accelerator.num_processes)
+    ckpt.attach(unwrapped, optimizer.optimizer, training_parts(scheduler, accelerator.scaler, train_loader, state,
+                                                               metrics, ema),
+                run_config=run_config, tokenizer=tokenizer, published="ema" if tc.best_final_weights == "ema" else None)
     if resume_from:
-        checkpointer.load(resume_from)
+        ckpt.restore(resume_from)
         log.info(f"resumed from {resume_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
     if state.step >= tc.max_steps:
         raise PiconeoxError(f"--max-steps {tc.max_steps}: the resumed run is already at step {state.step}; "
@@ -274,14 +266,14 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     claim.accept()  # every check passed: from here on the run's files stay
     if accelerator.is_main_process and s.resume == "auto" and not resume_from:
         keep_earlier_best(run_dir, log)
+    cuda = accelerator.device.type == "cuda"  # False with --gpus 0 even where a GPU exists
     report = TrainReport(metrics, log, total_steps=tc.max_steps, step=state.step,
-                         tokens_per_step=tc.global_batch_tokens,
-                         world=accelerator.num_processes, flops_per_token=model_flops_per_token(cfg.model, tc.seq_len),
+                         tokens_per_step=tc.global_batch_tokens, world=accelerator.num_processes,
+                         flops_per_token=model_flops_per_token(cfg.model, tc.seq_len),
                          peak=peak_flops(torch.cuda.get_device_name() if cuda else None, tc.mixed_precision),
                          is_main=accelerator.is_main_process)
-    run = Run(cfg, name, run_dir, log_dir, accelerator, model, optimizer, scheduler, train_loader, val_loader,
-              tokenizer, state, checkpointer, uploader, metrics, log, stop, report, saved_step=state.step)
-    return run
+    return Run(cfg, name, run_dir, log_dir, accelerator, model, optimizer, scheduler, train_loader, val_loader,
+               tokenizer, state, ckpt, ema, metrics, log, stop, report)
 
 
 # --- the loop -----------------------------------------------------------------------------------------------
@@ -292,7 +284,7 @@ def train_step(run: Run, batches):
     import torch
 
     from utils import lm
-    from utils.ckpt.state import rng_state, set_rng_state
+    from utils.ckpt.checkpointer import rng_state, set_rng_state
 
     tc, acc = run.cfg.train, run.accelerator
     # Only a stop between micro-steps leaves a half-done step to rewind; with one micro-step there is none.
@@ -317,6 +309,8 @@ def train_step(run: Run, batches):
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
+    if run.ema is not None:
+        run.ema.update()
     return loss_sum
 
 
@@ -324,8 +318,6 @@ def train(run: Run) -> str:
     """The loop: `train_step`, then whatever is due (log, eval, save). Returns why it ended."""
     import time as clock
 
-    from utils import lm
-    from utils.ckpt.format import step_dir_name
     from utils.distributed import shorten_timeout, timeouts_line
     from utils.run.preemption import StopVote
 
@@ -338,7 +330,8 @@ def train(run: Run) -> str:
     run.model.train()
     while state.step < tc.max_steps:
         t0 = clock.time()
-        check_uploads(run)  # too many failed saves become a stop request that the vote spreads to all ranks
+        if reason := run.ckpt.poll(state.step):  # too many failed saves: a stop that the vote spreads to all ranks
+            run.stop.request(reason)
         loss_sum = train_step(run, batches)
         if loss_sum is None:
             break
@@ -350,7 +343,7 @@ def train(run: Run) -> str:
             gc.collect(1)
         if state.step == first_step and run.accelerator.num_processes > 1:
             shorten_timeout(run.cfg.run.step_timeout_minutes)
-            run.log.info(timeouts_line(run.accelerator, run.vote.group, run.uploader.group, first_step + 1))
+            run.log.info(timeouts_line(run.accelerator, run.vote.group, run.ckpt.saver_group, first_step + 1))
         log_due = state.step % tc.log_every == 0 or state.step == tc.max_steps
         eval_due = state.step % tc.eval_every == 0 or state.step == tc.max_steps
         save_due = state.step % tc.save_every == 0
@@ -358,77 +351,63 @@ def train(run: Run) -> str:
             continue  # no host sync on other steps: the GPU keeps its queue of work
         loss = read_loss(run, loss_sum)
         run.report.loss_read(state.step, loss, run.scheduler.get_last_lr()[0], run.grad_norm, log_due)
-        if eval_due:
-            val = lm.evaluate(run.model, run.val_loader.eval_batches(tc.eval_batches), run.accelerator.device,
-                              autocast=run.accelerator.autocast, vote=run.vote,
-                              reduce=lambda t: run.accelerator.reduce(t, "mean"))
-            if val is None:  # stopped inside the evaluation
-                break
-            improved = val < state.best_val_loss
-            state.best_val_loss = min(val, state.best_val_loss)
-            state.evals_without_improvement = 0 if improved else state.evals_without_improvement + 1
-            run.report.evaluated(state.step, loss, val, improved, state.evals_without_improvement, state.best_val_loss)
-            if improved and tc.best_and_final:
-                save(run, run.run_dir / "best", weights_only=True)
-            if tc.patience and state.evals_without_improvement >= tc.patience:
-                return f"early stopping: no val improvement in {tc.patience} evaluations"
+        if eval_due and (ended := evaluate(run, loss)) is not None:
+            return ended
         if save_due:
-            save(run, run.run_dir / step_dir_name(state.step))
+            run.ckpt.save(state.step)
         if eval_due or save_due:
             run.report.speed.restart(state.step)
     return "max steps reached"
 
 
+def evaluate(run: Run, loss: float) -> str | None:
+    """Val loss of the weights (and of their EMA), best/ when the published ones improved; a reason to end the
+    loop (early stopping, or the ranks agreed to stop inside the evaluation), else None."""
+    from utils import lm
+
+    acc, tc, state = run.accelerator, run.cfg.train, run.state
+
+    def val_loss():
+        return lm.evaluate(run.model, run.val_loader.eval_batches(tc.eval_batches), acc.device,
+                           autocast=acc.autocast, vote=run.vote, reduce=lambda t: acc.reduce(t, "mean"))
+
+    val, ema_val = val_loss(), None
+    if val is not None and run.ema is not None:
+        with run.ema.swapped_in():
+            ema_val = val_loss()
+    if val is None or (run.ema is not None and ema_val is None):
+        return "stopped during an evaluation"  # `finish` says why (a signal, the time limit)
+    judged = ema_val if tc.best_final_weights == "ema" else val  # best/ follows the weights it publishes
+    improved = judged < state.best_val_loss
+    state.best_val_loss = min(judged, state.best_val_loss)
+    state.evals_without_improvement = 0 if improved else state.evals_without_improvement + 1
+    run.report.evaluated(state.step, loss, val, improved, state.evals_without_improvement, state.best_val_loss,
+                         ema=ema_val)
+    if improved and tc.best_and_final:
+        run.ckpt.save_best(state.step)
+    if tc.patience and state.evals_without_improvement >= tc.patience:
+        return f"early stopping: no val improvement in {tc.patience} evaluations"
+    return None
+
+
 def read_loss(run: Run, loss_sum) -> float:
     """The step's mean loss over ranks (a host sync); a NaN or inf stops the run and names the step."""
-    from utils.ckpt.format import latest_complete
     from utils.lm import TrainingDiverged
 
     loss = run.accelerator.reduce(loss_sum / run.cfg.train.grad_accum_steps, "mean").item()
     if not math.isfinite(loss):
         raise TrainingDiverged(f"loss is {loss} at step {run.state.step}; stopped without saving "
-                               f"(the last good checkpoint is {latest_complete(run.run_dir) or 'none'})")
+                               f"(the last good checkpoint is {run.ckpt.latest() or 'none'})")
     return loss
-
-
-def save(run: Run, folder: Path, weights_only: bool = False) -> None:
-    """Only the copy of this rank's shard off the device blocks; the uploader threads write, upload, rotate."""
-    from utils.ckpt.write import prepare_step_folder
-    from utils.ckpt.uploader import SaveRequest
-
-    if not weights_only:
-        run.saved_step = run.state.step
-        if run.accelerator.is_local_main_process:
-            prepare_step_folder(folder)  # an interrupted earlier save of this step; before any rank writes
-    start = time.monotonic()
-    snapshot = run.checkpointer.capture(run.state.step, weights_only=weights_only)
-    (run.log.info if run.accelerator.is_main_process else run.log.debug)(
-        f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
-    if run.accelerator.is_main_process or not weights_only:  # best/: the weights were gathered onto rank 0 only
-        run.uploader.submit(SaveRequest(snapshot, folder, weights_only))
-
-
-def check_uploads(run: Run) -> None:
-    """Log and count finished saves; too many failures in a row stop the run cleanly (it then exits 2)."""
-    for result in run.uploader.poll():
-        if not result.ok:
-            run.metrics.scalars(run.state.step, {"upload/failures": run.uploader.failures})
-    if run.uploader.fatal:
-        run.stop.request(run.uploader.fatal)
 
 
 # --- the end ------------------------------------------------------------------------------------------------
 
 def finish(run: Run, reason: str) -> int:
-    """Save the last step, sample, flush uploads, publish final/ and say where everything is."""
+    """Save the last step, sample while the saves flush, publish final/ and say where everything is."""
     import torch
 
-    from utils.ckpt.format import step_dir_name
-    from utils.ckpt.write import publish_final
-    from utils.ckpt.uploader import UploadFailed
-    from utils import errors
     from utils.report.summary import log_sample, next_commands, where_things_are
-    from utils.ckpt.upload_report import closing_word
 
     run.report.close()
     run.vote.close()
@@ -439,45 +418,37 @@ def finish(run: Run, reason: str) -> int:
     elif preempted:
         reason = f"{stop.reason}; stopped cleanly"
         log.info(f"{stop.reason}: saving step {state.step} and flushing uploads (grace {stop.grace_seconds:g} s)")
-    last = run.run_dir / step_dir_name(state.step)
-    if run.saved_step != state.step:  # breaks (early stop, signal) can come before a due save
-        save(run, last)
-    sample = None
-    if not preempted:  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
-        sample = log_sample(run.checkpointer.model, run.tokenizer, run.cfg.run.sample_prompt, tc.seed, log)
-    run.uploader.close(timeout=stop.remaining())  # every rank's saver; no limit unless stopping on a signal
-    check_uploads(run)
-    not_uploaded = None  # the exit-3 line when the run's newest checkpoint is not in the bucket
+    sample = []
+
+    def sample_text():  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
+        if not preempted:
+            model = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
+            sample.append(log_sample(model, run.tokenizer, run.cfg.run.sample_prompt, tc.seed, log))
+
+    code = run.ckpt.finish(state.step, consolidate=not preempted, timeout=stop.remaining, meanwhile=sample_text)
     if run.accelerator.is_main_process:
-        if tc.best_and_final:
-            publish_final(last, run.run_dir / "final", consolidate_weights=not preempted, log=log)
         cuda = run.accelerator.device.type == "cuda"
-        run.report.summary(state.step, reason, state.best_val_loss, run.log_dir, sample,
+        run.report.summary(state.step, reason, state.best_val_loss, run.log_dir, sample[0] if sample else None,
                            torch.cuda.max_memory_allocated() / 1e9 if cuda else None)
-        if run.uploader.store is not None:
-            not_uploaded = closing_word(run.uploader.store, run.run_dir, run.cfg.run.checkpoint_bucket,
-                                        run.cfg.run.credentials, log)
         log.info(where_things_are(run.run_dir, run.log_dir, run.cfg.run.log_dir))
         log.info(next_commands(run.cfg.preset, run.run_dir, stopped=stop.stopping,
-                               last=None if tc.best_and_final else last))
+                               last=None if tc.best_and_final else run.ckpt.step_folder(state.step)))
         run.metrics.close()
     run.accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     run.accelerator.end_training()
-    if not_uploaded:
-        return errors.finish(errors.NOT_UPLOADED, not_uploaded)
-    if run.uploader.fatal:
-        raise UploadFailed(run.uploader.fatal)
-    return 0
+    return code
 
 
 def run(args) -> int:
-    """--preflight, --print-plan, or a training run; `cleanup` closes the uploader (a flush) and the signal
+    """--preflight, --print-plan, or a training run; `cleanup` closes the checkpointer (a flush) and the signal
     handlers on every exit path."""
     from configs.presets import resolve_config
 
     cfg, pretrained = with_init_from(resolve_config(args.config, args.config_file, overrides_from_args(args)))
     if args.preflight:
-        synced = preflight(cfg, pretrained, args.processes)
+        from utils.run.preflight import preflight
+
+        synced = preflight(cfg, pretrained, run_dirs(cfg), args.processes)
         if synced is not None:
             print(synced)  # start_training.sh passes this folder as the run's --data
         return 0

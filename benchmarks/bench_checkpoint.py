@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from configs.model import ModelConfig, build_model  # noqa: E402
 from utils.data.prepare import prepare  # noqa: E402
-from utils.ckpt.checkpointer import Checkpointer, TrainerState, training_parts  # noqa: E402
+from utils.ckpt.parts import Registry, TrainerState, training_parts  # noqa: E402
 from utils.ckpt.format import latest_complete, step_dir_name  # noqa: E402
 from utils.ckpt.state import Snapshot  # noqa: E402
 from utils.data.loader import BlockLoader  # noqa: E402
@@ -61,7 +61,7 @@ class Run:
         self.metrics = MetricsWriter(log_dir, True)
         self.state = TrainerState()
         parts = training_parts(self.scheduler, None, self.loader, self.state, self.metrics)
-        self.checkpointer = Checkpointer(self.model, self.optimizer, parts,
+        self.checkpointer = Registry(self.model, self.optimizer, parts,
                                               run_config={"model": self.cfg.to_dict()}, tokenizer=self.tokenizer)
 
     def step(self) -> float:

@@ -38,12 +38,12 @@ PHASES = ("startup", "training", "save", "upload")
 GRACE = 20
 
 
-def launch(work: Path, data: Path, procs: int, steps: int) -> subprocess.Popen:
+def launch(work: Path, data: Path, procs: int, steps: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", str(procs),
            "--data", str(data),
            "--resume", "auto", "--max-steps", str(steps), "--", *TINY, "--output-dir", str(work / "ckpt"),
            "--log-dir", str(work / "logs"), "--run-name", "r", "--checkpoint-bucket", str(work / "bucket"),
-           "--grace-seconds", str(GRACE)]
+           "--grace-seconds", str(GRACE), *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PICONEOX_")}
     env.update(PICONEOX_FAKE_GPUS="0", NO_GCE_CHECK="true", GCE_METADATA_HOST="127.0.0.1:9")
     out = open(work / "attempts.log", "a")
@@ -117,11 +117,11 @@ def kill_attempt(work: Path, proc: subprocess.Popen, procs: int, target: str, wh
             "quiet_s": round(quiet, 2), "left": left, "pids": procs}
 
 
-def finish(work: Path, data: Path, procs: int, steps: int) -> tuple[int, int]:
+def finish(work: Path, data: Path, procs: int, steps: int, extra: tuple[str, ...] = ()) -> tuple[int, int]:
     """Run with --resume auto until it exits 0; (attempts refused by the lock, seconds)."""
     refused, start = 0, time.monotonic()
     while True:
-        proc = launch(work, data, procs, steps)
+        proc = launch(work, data, procs, steps, extra)
         if proc.wait() == 0:
             return refused, time.monotonic() - start
         tail = (work / "attempts.log").read_text().splitlines()[-1:]

@@ -5,8 +5,9 @@
 
 A TEXT file is prepared first (prepare_data.py with the preset's tokenizer, --val-split tail, in a subprocess: its
 own start-up counts); `demo` is prepared inside the run on first use, as on a fresh clone (the "data check/load"
-row). Then train.main runs in this process with its phases timed by wrapping the functions that do them, and the
-bare loop of benchmarks/bench_train.py on the same shapes and math settings ends it, so the per-step overhead shows.
+row). Then train.py runs in this process (as a script) with its phases timed by wrapping the functions that do
+them, and the bare loop of benchmarks/bench_train.py on the same shapes and math settings ends it, so the per-step
+overhead shows.
 Prints one markdown table of wall and CPU seconds (this process's, all threads). On a shared box the wall time
 scales with the load (note `uptime` beside it); with OMP_NUM_THREADS=1 the CPU time is what an idle core would take.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
@@ -35,13 +37,12 @@ T_TORCH = now()
 import accelerate  # noqa: E402,F401
 import transformers  # noqa: E402,F401
 
-import train  # noqa: E402
 from benchmarks.bench_train import WARMUP, bare_loop  # noqa: E402
 from configs.presets import resolve_config  # noqa: E402
 from configs.run import RunSettings  # noqa: E402
 from utils import lm, optim  # noqa: E402,F401
 from utils.ckpt import write as ckpt_write  # noqa: E402
-from utils.ckpt.checkpointer import Checkpointer  # noqa: E402,F401
+from utils.ckpt.parts import Registry  # noqa: E402,F401
 from utils.report import metrics, progress, summary  # noqa: E402,F401
 from utils.ckpt import resume, uploader  # noqa: E402,F401
 from utils.data import source  # noqa: E402
@@ -80,6 +81,17 @@ def mark(owner, name: str, key: str, first: bool) -> None:
     setattr(owner, name, wrapper)
 
 
+def run_train(argv: list[str]) -> int:
+    """`python train.py ARGV` in this process (as a script, as a user runs it: nothing of it is imported), so the
+    wrapped functions time its phases; its exit code."""
+    sys.argv = [str(REPO / "train.py"), *argv]
+    try:
+        runpy.run_path(str(REPO / "train.py"), run_name="__main__")
+    except SystemExit as e:
+        return e.code or 0
+    return 0
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", help="a text file, or demo (the built-in stories, prepared inside the run)")
@@ -91,7 +103,7 @@ def main() -> None:
     demo = args.text == "demo"
     timed(source, "local_dataset", "data check/load" + (" (demo prepared on first use)" if demo else ""))
     timed(lm, "evaluate", "evals")
-    timed(Checkpointer, "capture", "saves (blocking copy)")
+    timed(Registry, "capture", "saves (blocking copy)")
     timed(summary, "log_sample", "final sample")
     timed(ckpt_write, "publish_final", "final checkpoint publish")
     timed(metrics.MetricsWriter, "plot", "loss plot + history")
@@ -116,8 +128,8 @@ def main() -> None:
         flags = [f for kv in args.set for f in ("--set", kv)]
         prompt = args.sample_prompt or (RunSettings.sample_prompt if demo else "ROMEO:")
         start = now()
-        assert train.main(["--config", args.config, "--data", "demo" if demo else data, "--output-dir", f"{tmp}/ckpt",
-                           "--log-dir", f"{tmp}/logs", "--run-name", "r", "--sample-prompt", prompt, *flags]) == 0
+        assert run_train(["--config", args.config, "--data", "demo" if demo else data, "--output-dir", f"{tmp}/ckpt",
+                          "--log-dir", f"{tmp}/logs", "--run-name", "r", "--sample-prompt", prompt, *flags]) == 0
         total = since(start)
         vocab_size = read_manifest(data).vocab_size
         os.chdir(REPO)

@@ -4,9 +4,10 @@ The model is built on PyTorch's meta device (shapes only, no storage), so the 1.
 seconds on a laptop. Memory is an estimate of the big terms, in bytes per GPU:
 
 - weights, gradients and AdamW states are fp32 (mixed precision autocasts the compute, the master
-  weights stay fp32): 4 + 4 + 8 bytes per parameter. DDP keeps all of them on every GPU; FSDP full
-  keeps 1/world of each, plus the unsharded weights in the compute dtype: configs/accelerate/
-  fsdp_production.yaml keeps every layer gathered from its forward to its backward
+  weights stay fp32): 4 + 4 + 8 bytes per parameter, + 4 for the weights' EMA (train.ema_decay, counted
+  with the optimizer; its evaluation copies the weights aside for a moment, not counted). DDP keeps all of
+  them on every GPU; FSDP full keeps 1/world of each, plus the unsharded weights in the compute dtype:
+  configs/accelerate/fsdp_production.yaml keeps every layer gathered from its forward to its backward
   (reshard_after_forward: false), so at the end of a forward all of them are.
 - activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", section 4.1: s*b*h*(34 + 5*a*s/h) bytes per layer with 16-bit activations. Our models run
@@ -153,7 +154,7 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None) -> P
             buffers=buffers,
             weights=4 * parameters // shards + gathered,
             grads=4 * parameters // shards,
-            optimizer=8 * parameters // shards,
+            optimizer=(12 if train.ema_decay else 8) * parameters // shards,
             activations=activations,
             activations_checkpointed=activations_ckpt,
         )
@@ -193,7 +194,7 @@ def format_plan(p: Plan) -> str:
     rows = [
         ("weights (fp32 master)", "weights"),
         ("gradients (fp32)", "grads"),
-        ("AdamW states (fp32)", "optimizer"),
+        ("AdamW states (+ EMA) (fp32)", "optimizer"),
         ("grad buckets/accumulators", "buffers"),
         ("activations", "activations"),
         ("  with act. checkpointing", "activations_checkpointed"),

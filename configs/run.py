@@ -56,7 +56,7 @@ class RunSettings(ConfigBase):
         from utils.ckpt.uploader import CheckpointUploader
         from utils.distributed import check_timeout
         from utils.run.preemption import check_grace_seconds
-        from utils.storage import parse_gs_url
+        from utils.storage import is_remote, parse_gs_url
         from utils.report.trackers import parse_report_to
 
         check_timeout(self.collective_timeout_minutes)
@@ -65,7 +65,7 @@ class RunSettings(ConfigBase):
         CheckpointUploader.check_settings(bool(self.checkpoint_bucket), keep_last, self.max_upload_failures)
         parse_report_to(self.report_to)
         for url in (self.checkpoint_bucket, self.resume):
-            if url and url.startswith("gs://"):
+            if is_remote(url):
                 parse_gs_url(url)  # a bad bucket name is one line before any launch
         return self
 

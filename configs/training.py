@@ -11,6 +11,7 @@ ON_OFF_AUTO = ("auto", "on", "off")
 TOKENIZERS = ("char", "byte", "bpe")
 MATMUL_PRECISION = ("highest", "high", "medium")
 ATTENTION = ("sdpa", "eager")
+BEST_FINAL_WEIGHTS = ("raw", "ema")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,13 @@ class TrainConfig(ConfigBase):
     """Also write best/ (the weights at each new best val loss) and, at the end, final/ (the last step plus its
     weights consolidated for from_pretrained). False keeps only the keep_last step-XXXXXXXX/ checkpoints: at 1.2B
     that is one 17 GB checkpoint instead of three writes (benchmarks/gpu_check.sh sets it, for a 64 GB disk)."""
+    ema_decay: float = 0.0
+    """Keep an exponential moving average of the weights with this decay (e.g. 0.999: about the last 1,000 steps),
+    evaluated next to the raw weights (val/loss_ema) and checkpointed for an exact resume; 0 = off. Costs 4 bytes
+    a parameter per rank (sharded under FSDP2) and one extra evaluation per eval."""
+    best_final_weights: str = "raw"
+    """Which weights best/ and final/ hold: raw (the trained ones) or ema (the average; needs ema_decay, and best/
+    then follows the EMA's val loss). run_config.json in each checkpoint says which (train.best_final_weights)."""
     max_training_hours: float = 0.0
     """Save and exit cleanly after this many hours; 0 means no limit."""
     mixed_precision: str = "no"
@@ -92,6 +100,11 @@ class TrainConfig(ConfigBase):
         self.check_float("grad_clip", lambda v: v > 0, "a number > 0")
         for beta in ("beta1", "beta2"):  # AdamW's moment decay rates
             self.check_float(beta, lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.9 or 0.95")
+        self.check_float("ema_decay", lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.999 (0 = no EMA)")
+        ema_without_decay = self.best_final_weights == "ema" and not self.ema_decay
+        if self.best_final_weights not in BEST_FINAL_WEIGHTS or ema_without_decay:
+            raise PiconeoxError(f"train.best_final_weights={self.best_final_weights!r}: allowed raw, or ema together "
+                                "with train.ema_decay (e.g. 0.999)")
         if self.mixed_precision not in MIXED_PRECISION:
             raise PiconeoxError(f"train.mixed_precision={self.mixed_precision!r}: allowed {', '.join(MIXED_PRECISION)}")
         if self.compile not in ON_OFF_AUTO:

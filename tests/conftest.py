@@ -10,6 +10,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,3 +61,70 @@ def wandb_offline(tmp_path_factory):
                       WANDB_CONFIG_DIR=str(home / "config"),
                       WANDB_CACHE_DIR=str(home / "cache"), WANDB_DATA_DIR=str(home / "data"))
     return home
+
+
+# --- shared by several test modules: the tiny in-process training run, its fixtures, two gloo ranks -----------
+
+TINY = ["--config", "test", "--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
+        "model.num_heads=4", "--set", "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4",
+        "--log-every", "1", "--warmup-steps", "2", "--lr", "3e-3"]
+
+
+def run(tmp_path, data, *extra, name="run"):
+    """Run train.py in-process (use the fresh_accelerate_state fixture); return (exit code, per-step train
+    losses, run dir)."""
+    import train
+
+    code = train.main([*TINY, "--data", str(data), "--output-dir", str(tmp_path / "ckpt"), "--log-dir",
+                       str(tmp_path / "logs"), "--run-name", name, *extra])
+    history = tmp_path / "logs" / name / "history.json"
+    losses = []
+    if history.exists():
+        losses = [r["train/loss"] for r in json.loads(history.read_text()) if "train/loss" in r]
+    return code, losses, tmp_path / "ckpt" / name
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Each in-process run builds its own Accelerator."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.fixture
+def one_thread(monkeypatch):
+    """torch on one thread here and in subprocesses: same numerics everywhere, and no OpenMP spinning on a busy box."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    yield
+    torch.set_num_threads(before)
+
+
+def start_two_ranks(script: str, *args: str) -> list[subprocess.Popen]:
+    """`script` as two gloo ranks of one process group (rank 0 first), with piped text output."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        procs.append(subprocess.Popen([sys.executable, "-c", script, *args], cwd=REPO, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def uf2_block(family: int) -> bytes:
+    """One UF2 block (family id flag set) of zeros at the start of the RP2040's flash."""
+    import struct
+
+    from rp2040 import uf2
+
+    head = struct.pack("<8I", uf2.MAGIC_START0, uf2.MAGIC_START1, uf2.FLAG_FAMILY_ID, 0x10000000, 256, 0, 1, family)
+    return head + bytes(476) + struct.pack("<I", uf2.MAGIC_END)

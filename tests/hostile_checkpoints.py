@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.hostile import CASES, Case, case
-from tests.test_train import TINY
+from tests.conftest import TINY
 from utils.ckpt.format import DCP_INDEX, manifest, read_marker, write_marker
 from utils.crc import crc32c_file
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, TINY, uf2_block
 
 DRIVER = r"""
 import contextlib, importlib, io, json, sys, traceback
@@ -134,16 +134,6 @@ def pico(tmp_path_factory):
     return ckpt, d / "model"
 
 
-def uf2_block(family: int) -> bytes:
-    """One UF2 block (family id flag set) of zeros at the start of the RP2040's flash."""
-    import struct
-
-    from rp2040 import uf2
-
-    head = struct.pack("<8I", uf2.MAGIC_START0, uf2.MAGIC_START1, uf2.FLAG_FAMILY_ID, 0x10000000, 256, 0, 1, family)
-    return head + bytes(476) + struct.pack("<I", uf2.MAGIC_END)
-
-
 def test_round3_classes_are_one_line_in_every_cli(tmp_path, tmp_path_factory, tiny_data, pico):
     """Issue 21 items 1-5 and 14, issue 24 item 6: each class of mistake, in every CLI of that class, through the
     one mechanism the class has (utils.atomic, utils.devices, utils.textfile, rp2040.uf2, rp2040.prompt)."""
@@ -244,16 +234,6 @@ def test_eval_batches_flag_reaches_the_config(eval_batches):
         resolve_config("test", None, train.overrides_from_args(train.parse_args(["--eval-batches", eval_batches])))
 
 
-@pytest.fixture
-def fresh_accelerate_state():
-    """Each in-process run builds its own Accelerator."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
 def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, tiny_data, capsys,
                                                                      fresh_accelerate_state):
     """Items 1, 11 and 8 on one tiny run (char tokenizer): refusal instead of a silent overwrite of best/, the eval
@@ -263,7 +243,6 @@ def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, 
 
     import train
     from utils.data.prepare import prepare
-    from tests.test_train import TINY
     from utils import generate
 
     data = prepare(["demo"], name="demo-char-p5", out_dir=tmp_path / "data", tokenizer="char", dataset_percent=5)
@@ -394,7 +373,6 @@ def files_below(*roots):
 def finished_run(tmp_path, tiny_data, fresh_accelerate_state):
     """A 2-step run `r` (step-00000002, best, final) and the flags every refusal below shares."""
     import train
-    from tests.test_train import TINY
 
     ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
     common = [*TINY[2:], "--output-dir", str(ckpt), "--log-dir", str(logs), "--grace-seconds", "1"]
@@ -416,7 +394,6 @@ def test_refusals_after_the_checks_exit_2_and_take_back_what_they_created(tmp_pa
     import train
     from accelerate.state import AcceleratorState, GradientState
     from prepare_data import prepare
-    from tests.test_train import TINY
 
     ckpt, logs, common = finished_run
     step, final = ckpt / "r" / "step-00000002", ckpt / "r" / "final"

@@ -3,11 +3,12 @@ and RNG states that resume on a box with another number of GPUs."""
 import pytest
 import torch
 
-from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
-from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
+from tests.conftest import run
 from utils.ckpt.format import check_complete, read_marker
 from utils.ckpt import state as ckpt_state
 from utils.ckpt.state import rng_state
+
+pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
 
 
 def flip_a_byte(path) -> None:

@@ -5,8 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (the fixture resets accelerate)
+from tests.conftest import run
 from utils.evaluate import main as evaluate_main
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 TASKS = Path(__file__).parent / "lm_eval_tasks"
 

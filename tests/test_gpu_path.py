@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.test_train import TINY
+from tests.conftest import TINY
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -63,7 +63,7 @@ def test_a_cpu_run_on_a_gpu_box_opens_no_cuda_context(monkeypatch, tmp_path, tin
     import torch
 
     from configs.model import ModelConfig, build_model
-    from utils.ckpt.checkpointer import Checkpointer
+    from utils.ckpt.parts import Registry
     from utils.ckpt.state import set_rng_state
     from utils.ckpt.uploader import CheckpointUploader, SaveRequest
     from utils.data.tokenizers import load_tokenizer
@@ -88,7 +88,7 @@ def test_a_cpu_run_on_a_gpu_box_opens_no_cuda_context(monkeypatch, tmp_path, tin
     optimizer = build_optimizer(model, 1e-3, 0.1, (0.9, 0.95))
     model(torch.zeros(1, 8, dtype=torch.long)).logits.sum().backward()
     optimizer.step()
-    snapshot = Checkpointer(model, optimizer, {}, run_config={}, tokenizer=load_tokenizer(tiny_data)).capture(1)
+    snapshot = Registry(model, optimizer, {}, run_config={}, tokenizer=load_tokenizer(tiny_data)).capture(1)
     assert "cuda" not in snapshot.rng
     set_rng_state(snapshot.rng)
     assert gpu_stats() == {"gpu/util_pct": None, "gpu/mem_gb": None}

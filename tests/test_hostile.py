@@ -21,7 +21,7 @@ from tests import hostile_checkpoints as hc
 from tests import hostile_io  # noqa: F401 (registers its cases)
 from tests.hostile import (CASE_S, CASES, arm_outside, changed, error_lines, read_outside, reads_are_seen, run_driver,
                            snapshot)
-from tests.test_train import run as train_run
+from tests.conftest import run as train_run
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,9 @@ from utils.data.loader import BlockLoader
 from utils.data.shards import read_manifest
 from utils.data.tokenizers import file_sha256
 
-from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (the fixture resets accelerate)
+from tests.conftest import TINY, run
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 @pytest.fixture(scope="module")

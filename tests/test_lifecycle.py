@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.test_preemption import start_two_ranks
+from tests.conftest import REPO, start_two_ranks
 from utils.ckpt.format import check_complete, step_dir_name
 from utils.run import runlock
 

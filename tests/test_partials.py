@@ -4,11 +4,12 @@ import shutil
 
 import pytest
 
-from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
-from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
+from tests.conftest import run
 from utils.ckpt.format import MARKER, manifest, step_dir_name, step_folders, write_marker
 from utils.ckpt.remote import remote_steps
 from utils.storage import open_storage
+
+pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
 
 
 def step_folder(run_dir, step: int, complete: bool):

@@ -2,20 +2,19 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.conftest import REPO
-from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
-from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
+from tests.conftest import REPO, TINY, run, start_two_ranks
 from utils import lm
 from utils.ckpt.format import check_complete, latest_complete, step_dir_name
 from utils.errors import PiconeoxError
 from utils.run.preemption import StopRequest
+
+pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
 
 
 def test_signal_sets_the_flag_and_handlers_come_back():
@@ -59,20 +58,6 @@ print(json.dumps({"rank": rank, "stopped_at": micro, "reason": stop.reason, "tim
 accelerator.wait_for_everyone()
 torch.distributed.destroy_process_group()  # without it gloo may abort at exit when the other rank is gone first
 """
-
-
-def start_two_ranks(script: str, *args: str) -> list[subprocess.Popen]:
-    """`script` as two gloo ranks of one process group (rank 0 first), with piped text output."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-        procs.append(subprocess.Popen([sys.executable, "-c", script, *args], cwd=REPO, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    return procs
 
 
 def two_ranks(mode: str) -> list[dict]:

@@ -9,10 +9,8 @@ import sys
 import time
 
 import pytest
-import torch
 
-from tests.conftest import REPO
-from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
+from tests.conftest import REPO, TINY, run
 from utils.ckpt.format import check_complete, latest_complete, step_dir_name
 from utils.errors import PiconeoxError
 from utils.ckpt.remote import latest_complete_step, remote_steps
@@ -20,14 +18,7 @@ from utils.ckpt.resume import candidates, fetch
 from utils.storage import open_storage
 
 
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    """torch on one thread here and in subprocesses: same numerics everywhere, and no OpenMP spinning on a busy box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
 
 
 def test_kill_9_at_five_random_points_then_resume_gives_the_uninterrupted_losses(tmp_path, tiny_data, gcs_emulator):

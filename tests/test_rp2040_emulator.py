@@ -63,7 +63,7 @@ def test_a_uf2_that_boots_nothing_stops_at_the_boot_deadline(speed_int8, tmp_pat
     board never answers; the boot deadline stops it instead of the wall-clock limit (deadlines made short)."""
     import time
 
-    from tests.test_bad_inputs import uf2_block
+    from tests.conftest import uf2_block
 
     blank = tmp_path / "blank.uf2"
     blank.write_bytes(uf2_block(0xE48BFF56))

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
-from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
+from tests.conftest import run
 from utils.ckpt.format import DCP_INDEX, MARKER, check_complete, manifest, read_marker, write_marker
 from utils.storage import open_storage
+
+pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
 
 STEP = "step-00000010"
 PICKLED = (".metadata", "__0_0.distcp", "scheduler.pt", "scaler.pt", "rng-00000.pt")  # scaler.pt: fp16 runs only

@@ -5,7 +5,9 @@ import struct
 
 import pytest
 
-from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (the fixture resets accelerate)
+from tests.conftest import run
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def wandb_records(run_file):
@@ -159,7 +161,7 @@ def test_wandb_without_login_is_caught_by_the_preflight(tmp_path, tiny_data, cap
     """Issue 21 item 13: before the launch (no model built), the same line the run itself would give."""
     import train
     import wandb
-    from tests.test_train import TINY
+    from tests.conftest import TINY
 
     monkeypatch.setenv("WANDB_MODE", "online")
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")

@@ -6,35 +6,13 @@ import pytest
 import torch
 
 import train
-from utils.ckpt.checkpointer import Checkpointer, TrainerState, training_parts
+from tests.conftest import TINY, run
+from utils.ckpt.parts import Registry, TrainerState, training_parts
 from utils.ckpt.format import (DCP_INDEX, MARKER, check_complete, latest_complete, manifest, rotate, step_dir_name,
                                step_folders, write_marker)
 from utils.ckpt.write import write_shards
 
-TINY = ["--config", "test", "--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
-        "model.num_heads=4", "--set", "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4",
-        "--log-every", "1", "--warmup-steps", "2", "--lr", "3e-3"]
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """Each in-process run builds its own Accelerator."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
-def run(tmp_path, data, *extra, name="run"):
-    """Run train.py in-process; return (exit code, per-step train losses, run dir)."""
-    code = train.main([*TINY, "--data", str(data), "--output-dir", str(tmp_path / "ckpt"), "--log-dir",
-                       str(tmp_path / "logs"), "--run-name", name, *extra])
-    history = tmp_path / "logs" / name / "history.json"
-    losses = []
-    if history.exists():
-        losses = [r["train/loss"] for r in json.loads(history.read_text()) if "train/loss" in r]
-    return code, losses, tmp_path / "ckpt" / name
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # each in-process run builds its own Accelerator
 
 
 def test_loss_falls_and_outputs_exist(tmp_path, tiny_data):
@@ -111,7 +89,7 @@ def test_checkpoint_of_compiled_model_loads_into_plain_model(tmp_path, tiny_data
     loader = BlockLoader(tiny_data, "train", 16, 2)
     parts = training_parts(build_scheduler(optimizer, 1, 10, 0.1), None, loader, TrainerState(),
                                 MetricsWriter(tmp_path, True))
-    snap = Checkpointer(unwrapped, optimizer.optimizer, parts, run_config={},
+    snap = Registry(unwrapped, optimizer.optimizer, parts, run_config={},
                              tokenizer=load_tokenizer(tiny_data)).capture(1)
     folder = tmp_path / "step-00000001"
     write_marker(folder, 1, 1, manifest(folder, write_shards(snap, folder)))

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from configs.model import ModelConfig, build_model
-from tests.test_train import fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
-from utils.ckpt.checkpointer import Checkpointer, TrainerState, training_parts
+from tests.conftest import run
+from utils.ckpt.parts import Registry, TrainerState, training_parts
 from utils.ckpt.format import MARKER, check_complete, read_marker, step_dir_name, step_folders
 from utils.ckpt.load import read_part
 from utils.ckpt.state import Snapshot
@@ -28,6 +28,8 @@ from utils.ckpt.remote import download_checkpoint, latest_complete_step, remote_
 from utils.storage import Storage, open_storage
 from utils.data.tokenizers import load_tokenizer
 from utils.ckpt.uploader import CheckpointUploader, SaveRequest
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 TIMEOUT_S = 2.0  # per storage call, retries included: a dead server fails an upload in ~2 s
 
@@ -58,7 +60,7 @@ class Trainer:
 
     def snapshot(self) -> Snapshot:
         parts = training_parts(self.scheduler, None, self.loader, self.state, self.metrics)
-        checkpointer = Checkpointer(self.model, self.optimizer, parts, run_config=self.run_config,
+        checkpointer = Registry(self.model, self.optimizer, parts, run_config=self.run_config,
                                          tokenizer=self.tokenizer)
         return checkpointer.capture(self.state.step)
 

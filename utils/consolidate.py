@@ -23,11 +23,13 @@ def main(argv=None) -> int:
     p.add_argument("checkpoint", type=Path, help="a complete checkpoint folder, e.g. checkpoints/<run>/step-00000100")
     p.add_argument("--out", type=Path, required=True, help="the from_pretrained folder to write (new, empty, or "
                    "an earlier output of this command)")
+    p.add_argument("--weights", choices=("model", "ema"), default="model",
+                   help="model (the trained weights) or ema (their average, from a run with train.ema_decay)")
     args = p.parse_args(argv)
     if not args.checkpoint.is_dir():
         raise PiconeoxError(f"{args.checkpoint}: no such checkpoint folder")
     try:
-        out = consolidate(args.checkpoint, args.out)
+        out = consolidate(args.checkpoint, args.out, None if args.weights == "model" else args.weights)
     except OSError as e:
         raise PiconeoxError(f"--out {args.out}: {e.strerror}") from None
     print(f"wrote {out} (load it with AutoModelForCausalLM.from_pretrained)")

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: the repository root on the path, like train.py has it
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # not utils/: its tokenizers.py would shadow the package
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # not utils/: its evaluate.py would shadow the package
 
 from utils import errors  # noqa: E402
 

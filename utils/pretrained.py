@@ -18,8 +18,7 @@ from utils.data.tokenizers import TOKENIZER_FILE, file_sha256
 from utils.errors import PiconeoxError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json",
-                ".metadata")  # the last: our sharded step folders (torch.distributed.checkpoint)
+                "pytorch_model.bin.index.json", DCP_INDEX)  # the last: our sharded step folders (DCP)
 # GPT-NeoX settings a piconeox ModelConfig does not carry: a checkpoint must have these values, or a resumed
 # run (which rebuilds the model from the ModelConfig) would differ from the model it started from.
 FIXED_SETTINGS = {"hidden_act": "gelu", "attention_bias": True}

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file (the printed command works from any folder): the repository root
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # not utils/: its tokenizers.py would shadow the package
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)  # not utils/: its evaluate.py would shadow the package
 
 from utils.ckpt.format import MARKER, latest_complete, read_marker
 from utils import errors

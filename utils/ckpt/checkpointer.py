@@ -1,101 +1,162 @@
-"""One registry of the training's stateful parts, used for save and for load.
+"""The checkpoint room's one face: train.py talks to utils/ckpt through `Checkpointer` alone.
 
-    parts = training_parts(scheduler, accelerator.scaler, train_loader, trainer_state, metrics)
-    checkpointer = Checkpointer(model, optimizer, parts, run_config=run_config, tokenizer=tokenizer)
-    snapshot = checkpointer.capture(step)       # this rank's state off the device; write it on the saver thread
-    checkpointer.load(folder)                   # every part back in place, this rank's shards through DCP
+    ckpt = cleanup.enter_context(Checkpointer.open(settings, name, run_dir, keep_last=3, best_and_final=True,
+                                                   accelerator=accelerator, metrics=metrics, log=log))
+    resume_from = ckpt.agree()                  # rank 0 decides the resume folder, every rank gets it
+    cfg, tokenizer_sha256 = ckpt.resumed_config(cfg, data_dir)
+    ckpt.attach(model, optimizer, parts, run_config=..., tokenizer=...)   # parts: utils/ckpt/parts.py
+    ckpt.restore(resume_from)                   # every part back in place
+    ckpt.save(step); ckpt.save_best(step)       # only the copy off the device blocks; the saver thread writes
+    reason = ckpt.poll(step)                    # every step: a reason to stop after too many failed saves
+    code = ckpt.finish(step, ...)               # last save, flush, final/, the closing word; the exit code
 
-The model and optimizer go into DCP shards (each rank its own); every other part is one file written by rank 0
-(`<name>.json`, or `<name>.pt` for tensors). Adding a piece of checkpointed state (EMA weights, say) is one
-entry in `training_parts`.
+The bucket (`store`), the uploader and its saver stay inside: nothing here hands them out. What else train.py
+needs of this room is re-exported here, so this module is its one import: the parts (`TrainerState`,
+`training_parts`) and this process's RNG (`rng_state` / `set_rng_state`, to rewind a half-done step).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+import time
 from pathlib import Path
+from typing import Callable
 
-from utils.ckpt.load import load_sharded, read_part, read_rng
-from utils.ckpt.state import Snapshot, full_weights, rng_state, set_rng_state, staged_share
-from utils.errors import PiconeoxError
+from utils import errors
+from utils.ckpt import partials, resume
+from utils.ckpt.format import latest_complete, read_marker, step_dir_name
+from utils.ckpt.parts import Part, Registry, TrainerState, training_parts
+from utils.ckpt.state import grace_warning, rng_state, set_rng_state
+from utils.ckpt.upload_report import closing_word
+from utils.ckpt.uploader import SaveRequest, open_uploader
+from utils.ckpt.write import prepare_step_folder, publish_final
+from utils.storage.sync import host_dir
 
-
-@dataclass
-class TrainerState:
-    """The loop's own progress; saved in every checkpoint as trainer.json."""
-
-    step: int = 0
-    tokens_seen: int = 0
-    best_val_loss: float = math.inf
-    evals_without_improvement: int = 0
-    train_seconds: float = 0.0
-
-    def state_dict(self) -> dict:
-        d = asdict(self)
-        d["best_val_loss"] = None if math.isinf(self.best_val_loss) else self.best_val_loss  # JSON has no inf
-        return d
-
-    def load_state_dict(self, d: dict) -> None:
-        for k, v in d.items():
-            setattr(self, k, math.inf if (k == "best_val_loss" and v is None) else v)
-
-
-@dataclass
-class Part:
-    """One piece of checkpointed state: anything with state_dict() / load_state_dict(); None is skipped.
-
-    suffix: "json" for plain values, "pt" for anything torch.save must write (tensors).
-    in_best: whether weights-only checkpoints (best/) carry it too.
-    required: whether a resume refuses a checkpoint without it (the fp16 scaler exists only in fp16 runs).
-    """
-
-    obj: object
-    suffix: str = "json"
-    in_best: bool = True
-    required: bool = True
-
-
-def training_parts(scheduler, scaler, loader, trainer: TrainerState, metrics) -> dict[str, Part]:
-    """The registry of everything a resume needs besides model and optimizer: one entry per part."""
-    return {"scheduler": Part(scheduler, "pt", in_best=False), "scaler": Part(scaler, "pt", in_best=False,
-                                                                              required=False),
-            "loader": Part(loader), "trainer": Part(trainer), "metrics": Part(metrics)}
+__all__ = ["Checkpointer", "Part", "TrainerState", "rng_state", "set_rng_state", "training_parts"]
 
 
 class Checkpointer:
-    """Captures and loads one rank's training state: model and optimizer (sharded) plus the registered parts.
+    """One run's checkpoints: where it resumes from, what each save holds, and how the run's files end.
 
-    `model` is the unwrapped model (plain, DDP's module, or FSDP2-sharded) and `optimizer` the torch optimizer.
-    run_config (the resolved settings) and the tokenizer travel with every checkpoint and are never loaded back.
+    settings: configs.run.RunSettings (checkpoint_bucket, credentials, resume, grace_seconds, output_dir, ...).
+    metrics: gets `upload/failures` when a save fails; log: the run's logger.
     """
 
-    def __init__(self, model, optimizer, parts: dict[str, Part], *, run_config: dict, tokenizer, rank: int = 0,
-                 world_size: int = 1):
-        self.model, self.optimizer, self.parts = model, optimizer, parts
-        self.run_config, self.tokenizer, self.rank, self.world_size = run_config, tokenizer, rank, world_size
+    def __init__(self, settings, run_dir: Path, uploader, *, best_and_final: bool, accelerator, metrics, log):
+        self.settings, self.run_dir, self._uploader = settings, Path(run_dir), uploader
+        self.best_and_final, self.accelerator, self.metrics, self.log = best_and_final, accelerator, metrics, log
+        self.resume_from: Path | None = None
+        self.saved_step = 0  # the step of the newest full checkpoint handed to the saver (or resumed from)
+        self._registry: Registry | None = None
 
-    def capture(self, step: int, weights_only: bool = False) -> Snapshot:
-        """Copy this rank's part of the state off the device; the training loop may continue right after.
+    @classmethod
+    def open(cls, settings, name: str, run_dir: Path, *, keep_last: int, best_and_final: bool, accelerator,
+             metrics, log) -> Checkpointer:
+        """The bucket and the saver thread, after removing crashes' partial steps; use it as a context manager
+        (leaving it flushes and stops the saver on every exit path)."""
+        uploader = open_uploader(settings, keep_last, name, accelerator)
+        ckpt = cls(settings, run_dir, uploader, best_and_final=best_and_final, accelerator=accelerator,
+                   metrics=metrics, log=log)
+        uploader.saver.completed |= partials.clean_at_start(accelerator, ckpt.run_dir, uploader.store, log)
+        return ckpt
 
-        Every rank must call this at the same point (FSDP's state-dict calls are collectives). `weights_only`
-        (best/) gathers the full weights onto rank 0 instead of sharding model and optimizer.
-        """
-        common = {name: (part.suffix, part.obj.state_dict()) for name, part in self.parts.items()
-                  if part.obj is not None and (part.in_best or not weights_only)}
-        common["run_config"] = ("json", self.run_config)
-        return Snapshot(
-            step=step, rank=self.rank, world_size=self.world_size,
-            state=None if weights_only else staged_share(self.model, self.optimizer, self.rank, self.world_size),
-            weights=full_weights(self.model) if weights_only else None,
-            rng=rng_state(), common=common, hf_config=self.model.config, tokenizer=self.tokenizer)
+    def __enter__(self) -> Checkpointer:
+        return self
 
-    def load(self, folder: Path) -> None:
-        """Put every part back as `folder` holds it; every rank must call this (the sharded load is a collective)."""
-        load_sharded(folder, self.model, self.optimizer)
-        for name, part in self.parts.items():
-            state = read_part(folder, name)
-            if state is None and part.required and part.obj is not None:
-                raise PiconeoxError(f"{folder}: the checkpoint has no {name} state; it cannot be resumed exactly")
-            if state is not None and part.obj is not None:
-                part.obj.load_state_dict(state)
-        set_rng_state(read_rng(folder, self.rank))
+    def __exit__(self, *exc) -> None:
+        self._uploader.__exit__(*exc)
+
+    @property
+    def saver_group(self):
+        """The savers' gloo process group (for the timeouts line), None in one process."""
+        return self._uploader.group
+
+    # --- start ----------------------------------------------------------------------------------------------
+
+    def agree(self) -> Path | None:
+        """The folder this rank resumes from (None: start fresh); rank 0 decides, each machine fetches once."""
+        s = self.settings
+        self.resume_from = resume.agree(self.accelerator, s.resume, self.run_dir, self._uploader.store,
+                                        host_dir(Path(s.output_dir) / ".remote-cache"),  # output_dir may be shared
+                                        s.credentials, s.grace_seconds, self.log)
+        return self.resume_from
+
+    def resumed_config(self, cfg, data_dir: Path):
+        """(`cfg` with its batch for this world size, the dataset's tokenizer sha256): a resume refuses another
+        model shape or tokenizer and keeps the checkpoint's tokens per step."""
+        return resume.resumed_config(cfg, self.resume_from, self.accelerator.num_processes, data_dir)
+
+    def attach(self, model, optimizer, parts: dict[str, Part], *, run_config: dict, tokenizer,
+               published: str | None = None) -> None:
+        """What every save holds: the unwrapped `model` and torch `optimizer` (DCP shards) and the `parts`;
+        `published`: the sharded part best/ and final/ take their weights from (None: the model's)."""
+        acc = self.accelerator
+        self._registry = Registry(model, optimizer, parts, run_config=run_config, tokenizer=tokenizer,
+                                  rank=acc.process_index, world_size=acc.num_processes, published=published)
+        n_params = sum(p.numel() for p in model.parameters())
+        if acc.is_main_process and (note := grace_warning(n_params, acc.num_processes, self.settings.grace_seconds,
+                                                          self._uploader.store is not None)):
+            self.log.warning(note)
+
+    def restore(self, folder: Path) -> None:
+        """Every part back as `folder` holds it (every rank: the sharded load is a collective)."""
+        self._registry.load(folder)
+        self.saved_step = int(read_marker(folder)["step"])
+
+    # --- during the run -------------------------------------------------------------------------------------
+
+    def step_folder(self, step: int) -> Path:
+        return self.run_dir / step_dir_name(step)
+
+    def latest(self) -> Path | None:
+        """The newest complete local checkpoint, for messages."""
+        return latest_complete(self.run_dir)
+
+    def save(self, step: int) -> None:
+        """A full step checkpoint; only the copy of this rank's shard off the device blocks."""
+        folder = self.step_folder(step)
+        self.saved_step = step
+        if self.accelerator.is_local_main_process:
+            prepare_step_folder(folder)  # an interrupted earlier save of this step; before any rank writes
+        self._submit(step, folder, weights_only=False)
+
+    def save_best(self, step: int) -> None:
+        """best/: the published weights (gathered onto rank 0), tokenizer and small states."""
+        self._submit(step, self.run_dir / "best", weights_only=True)
+
+    def _submit(self, step: int, folder: Path, weights_only: bool) -> None:
+        start = time.monotonic()
+        snapshot = self._registry.capture(step, weights_only=weights_only)
+        (self.log.info if self.accelerator.is_main_process else self.log.debug)(
+            f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
+        if self.accelerator.is_main_process or not weights_only:  # best/: the weights were gathered onto rank 0
+            self._uploader.submit(SaveRequest(snapshot, folder, weights_only))
+
+    def poll(self, step: int) -> str | None:
+        """Log and count finished saves; after too many failures in a row, the reason to stop (else None)."""
+        if any(not result.ok for result in self._uploader.poll()):
+            self.metrics.scalars(step, {"upload/failures": self._uploader.failures})
+        return self._uploader.fatal
+
+    # --- the end --------------------------------------------------------------------------------------------
+
+    def finish(self, step: int, *, consolidate: bool, timeout: Callable[[], float | None],
+               meanwhile: Callable[[], object] = lambda: None) -> int:
+        """Save `step` unless saved, run `meanwhile` while the saves flush (at most `timeout()` s), publish
+        final/ (its weights consolidated unless not `consolidate`: no time on a signal) and say what reached
+        the bucket. Returns the exit code: 0; 3 when the newest checkpoint is not in the bucket; 2 after too
+        many failed saves (each with its one `error:` line recorded)."""
+        if self.saved_step != step:  # breaks (early stop, signal) can come before a due save
+            self.save(step)
+        meanwhile()
+        self._uploader.close(timeout=timeout())  # every rank's saver
+        fatal = self.poll(step)
+        not_uploaded = None
+        if self.accelerator.is_main_process:
+            if self.best_and_final:
+                publish_final(self.step_folder(step), self.run_dir / "final", consolidate_weights=consolidate,
+                              log=self.log, weights=self._registry.published)
+            if self._uploader.store is not None:
+                not_uploaded = closing_word(self._uploader.store, self.run_dir, self.settings.checkpoint_bucket,
+                                            self.settings.credentials, self.log)
+        if not_uploaded:
+            return errors.finish(errors.NOT_UPLOADED, not_uploaded)
+        return errors.finish(errors.REFUSED, f"error: {fatal}") if fatal else errors.DONE

@@ -2,11 +2,11 @@
 crc32c), checking and rotating step folders, and `find_checkpoint`: which folder the user meant.
 
 Layout of `checkpoints/<run>/step-00000100/`:
-  __0_0.distcp, __1_0.distcp, ...  DCP: {"model": ..., "optim": ...}; each rank writes its own shard file
+  __0_0.distcp, __1_0.distcp, ...  DCP: {"model": ..., "optim": ..., sharded parts ("ema")}; each rank its own file
   .metadata                         DCP's index (written by rank 0 once every shard is written)
   rng-00000.pt, rng-00001.pt, ...   each rank's RNG (CPU and its own GPU)
   config.json, tokenizer.json, tokenizer_config.json   the model shape and tokenizer (AutoTokenizer loads them)
-  <part>.json / <part>.pt           one file per registered part (utils/ckpt/checkpointer.py): scheduler.pt,
+  <part>.json / <part>.pt           one file per registered small part (utils/ckpt/parts.py): scheduler.pt,
                                     scaler.pt (fp16 only), loader.json, trainer.json, metrics.json; run_config.json
   COMPLETE                          JSON {step, world_size, files: {name: {size, crc32c}}}; written last, by rank 0,
                                     only after every rank reported its files written (and uploaded)

@@ -50,9 +50,6 @@ def load_sharded(folder: Path, model, optimizer) -> None:
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
-MODEL_PREFIX = "model."
-
-
 def checked(folder: Path) -> Path:
     """`folder` when it is a complete checkpoint whose files all match their crc32c; else one-line error."""
     reason = check_complete(folder, verify=True)
@@ -61,20 +58,22 @@ def checked(folder: Path) -> Path:
     return Path(folder)
 
 
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The full model weights of a DCP checkpoint folder (any number of shards), on the CPU."""
+def read_weights(folder: Path, part: str = "model") -> dict[str, torch.Tensor]:
+    """The full model weights of a DCP checkpoint folder (any number of shards), on the CPU; `part`: a sharded
+    part holding weights instead (utils/ckpt/parts.py), e.g. "ema"."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from utils.ckpt.safe_load import SafeFileSystemReader, load_dcp
 
     meta = SafeFileSystemReader(str(folder)).read_metadata().state_dict_metadata
-    weights = {key[len(MODEL_PREFIX):]: torch.empty(m.size, dtype=m.properties.dtype)
-               for key, m in meta.items() if key.startswith(MODEL_PREFIX) and isinstance(m, TensorStorageMetadata)}
+    prefix = f"{part}."
+    weights = {key[len(prefix):]: torch.empty(m.size, dtype=m.properties.dtype)
+               for key, m in meta.items() if key.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
     if not weights:
-        raise PiconeoxError(f"{folder}: the checkpoint holds no model weights")
-    state = {"model": weights}
+        raise PiconeoxError(f"{folder}: the checkpoint holds no {part} weights")
+    state = {part: weights}
     load_dcp(state, folder, no_dist=True)
-    return state["model"]
+    return state[part]
 
 
 def load_model(folder: Path):

@@ -23,7 +23,7 @@ from utils.ckpt import remote
 from utils.data.shards import verify_dataset
 from utils.distributed import all_gather_object, rank0_decides
 from utils.errors import PiconeoxError
-from utils.storage import Storage, StorageError, open_storage
+from utils.storage import Storage, StorageError, is_remote, open_storage
 
 
 @dataclass
@@ -50,7 +50,7 @@ def candidates(resume: str | None, run_dir: Path, bucket: Storage | None, creden
     """
     if not resume:
         return []
-    if resume.startswith("gs://"):
+    if is_remote(resume):
         try:
             store, step = remote.resolve_url(resume, credentials, timeout_s=timeout_s)
             return [ResumePoint(step, remote.remote_marker(store, step), None, store.url)]

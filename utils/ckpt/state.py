@@ -1,6 +1,6 @@
 """Capturing a checkpoint (on the training thread): this rank's state copied off the device, and its RNG.
 
-Saving is split in two so the slow part runs off the training thread: `Checkpointer.capture()` copies this
+Saving is split in two so the slow part runs off the training thread: `Registry.capture()` (parts.py) copies this
 rank's shard off the device (the only blocking part); utils/ckpt/write.py puts it on disk (on the saver thread).
 DCP reshards on load: a checkpoint of N ranks resumes on M ranks, under DDP or FSDP alike.
 """

@@ -1,11 +1,11 @@
 """Checkpoints persisted off the training thread: the queue and the saver thread (utils/ckpt/saver.py does a save).
 
-The training thread only copies its shard off the device (`Checkpointer.capture`) and hands the snapshot to
+The training thread only copies its shard off the device (`Registry.capture`) and hands the snapshot to
 `submit()`; one non-daemon thread per rank then writes, uploads and completes it. With `background=False` the
 same work runs inside `submit()` (`--no-background-upload`). best/ (weights only, rank 0) is written locally only.
 
     uploader = open_uploader(settings, keep_last, run_name, accelerator)   # or CheckpointUploader(store, ...)
-    uploader.submit(SaveRequest(checkpointer.capture(step), run_dir / "step-00000100"))
+    uploader.submit(SaveRequest(registry.capture(step), run_dir / "step-00000100"))
     for result in uploader.poll(): ...      # every step: outcomes are logged and counted here
     uploader.close()                        # every exit path: flush with a progress bar
 
@@ -42,7 +42,7 @@ log = logging.getLogger("piconeox")
 class SaveRequest:
     """A captured checkpoint to persist.
 
-    snapshot: the state, already on the CPU (`Checkpointer.capture`).
+    snapshot: the state, already on the CPU (`Registry.capture`).
     folder: the local destination, e.g. checkpoints/<run>/step-00000100 or checkpoints/<run>/best.
     weights_only: best/: weights only, kept local (not uploaded, not rotated).
     """
@@ -77,10 +77,6 @@ class SaveResult:
     @property
     def ok(self) -> bool:
         return self.error is None
-
-
-class UploadFailed(PiconeoxError):
-    """Checkpoint saves failed `max_failures` times in a row: the run stops (after a final local save)."""
 
 
 class CheckpointUploader:

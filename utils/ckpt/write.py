@@ -104,23 +104,28 @@ def link_copy(src: Path, folder: Path, extra: Path | None = None) -> Path:
     return Path(folder)
 
 
-def write_consolidated(folder: Path, into: Path) -> None:
-    """config.json + model.safetensors of the checkpoint `folder`, written into the existing folder `into`."""
+def write_consolidated(folder: Path, into: Path, weights: str | None = None) -> None:
+    """config.json + model.safetensors of the checkpoint `folder`, written into the existing folder `into`;
+    `weights`: the sharded part whose weights replace the model's (e.g. "ema"), None for the model's own."""
     from transformers import GPTNeoXConfig
 
-    save_pretrained_weights(GPTNeoXConfig.from_pretrained(folder), read_weights(folder), into)
+    state = read_weights(folder)
+    if weights:
+        state.update(read_weights(folder, weights))
+    save_pretrained_weights(GPTNeoXConfig.from_pretrained(folder), state, into)
     make_portable(into, tokenizer_dir=folder)
 
 
 @contextlib.contextmanager
-def consolidate_into(folder: Path, beside: Path) -> Iterator[Path]:
+def consolidate_into(folder: Path, beside: Path, weights: str | None = None) -> Iterator[Path]:
     """A temporary folder next to the output `beside` (removed afterwards) holding config.json +
-    model.safetensors of `folder`: written where the output goes, never into the input's folder."""
+    model.safetensors of `folder` (`weights`: as in write_consolidated): written where the output goes, never
+    into the input's folder."""
     tmp = Path(beside).with_name(f".{Path(beside).name}.weights.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        write_consolidated(folder, tmp)
+        write_consolidated(folder, tmp, weights)
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -132,8 +137,9 @@ def is_consolidated(folder: Path) -> bool:
         not any(p.is_dir() for p in folder.iterdir())
 
 
-def consolidate(folder: Path, out: Path) -> Path:
-    """Write `folder`'s weights as a from_pretrained folder `out` (atomically, marker last)."""
+def consolidate(folder: Path, out: Path, weights: str | None = None) -> Path:
+    """Write `folder`'s weights (`weights`: a sharded part's instead, e.g. "ema") as a from_pretrained folder
+    `out` (atomically, marker last)."""
     folder, out = Path(folder), Path(out)
     if out.resolve() == folder.resolve():
         raise PiconeoxError(f"--out {out}: must differ from the checkpoint folder")
@@ -141,7 +147,7 @@ def consolidate(folder: Path, out: Path) -> Path:
     checked(folder)
     marker = read_marker(folder)
     with atomic_dir(out) as tmp:  # everything is written beside --out: nothing next to the input checkpoint
-        write_consolidated(folder, tmp)
+        write_consolidated(folder, tmp, weights)
         for name in marker["files"]:  # the tokenizer and the small json states travel along: listed files only
             if name.startswith(("tokenizer", "special_tokens")) or (name.endswith(".json") and name != "config.json"):
                 shutil.copy2(regular_file(folder, name), tmp / name)
@@ -151,16 +157,18 @@ def consolidate(folder: Path, out: Path) -> Path:
     return out
 
 
-def publish_final(last: Path, final: Path, consolidate_weights: bool, log) -> None:
-    """final/: the last step (hard links) plus its weights consolidated for from_pretrained; a stop on a signal
-    skips the consolidation (no time for it) and says how to do it later."""
+def publish_final(last: Path, final: Path, consolidate_weights: bool, log, weights: str | None = None) -> None:
+    """final/: the last step (hard links) plus its weights consolidated for from_pretrained (`weights`: those of
+    a sharded part such as "ema" instead of the model's); a stop on a signal skips the consolidation (no time
+    for it) and says how to do it later."""
     reason = check_complete(last)
     if reason:  # the save failed, or several machines hold the shards (the bucket has them all)
         log.warning(f"final/ not written: {reason}")
         return
     if not consolidate_weights:
         link_copy(last, final)
-        log.info(f"{final}: resumable; for from_pretrained weights run python -m utils.consolidate {last} --out DIR")
+        log.info(f"{final}: resumable; for from_pretrained weights run python -m utils.consolidate {last} --out DIR"
+                 + (f" --weights {weights}" if weights else ""))
         return
-    with consolidate_into(last, final) as weights:
-        link_copy(last, final, extra=weights)
+    with consolidate_into(last, final, weights) as folder:
+        link_copy(last, final, extra=folder)

@@ -7,7 +7,7 @@ from pathlib import Path
 from utils.data.loader import BlockLoader
 from utils.data.shards import verify_dataset
 from utils.errors import PiconeoxError
-from utils.storage import open_storage, parse_gs_url
+from utils.storage import is_remote, open_storage, parse_gs_url
 from utils.storage.sync import download_tree, host_dir
 
 DATA_CACHE = Path("data") / "gcs-cache"  # gs:// datasets land in DATA_CACHE/<host>/<bucket>/<prefix>
@@ -20,7 +20,7 @@ def check_data_arg(train_cfg) -> Path | None:
         raise PiconeoxError("no dataset: this preset needs --data DIR (prepare one with prepare_data.py) or --data gs://...")
     if data == "demo":
         return None
-    if data.startswith("gs://"):
+    if is_remote(data):
         parse_gs_url(data)  # a bad bucket name or prefix is one line before the launch
         return None
     out = Path(data.removeprefix("file://"))
@@ -44,7 +44,7 @@ def data_name(train_cfg) -> str:
         vocab = f"{train_cfg.tokenizer_vocab}" if train_cfg.tokenizer_vocab else ""
         pct = "" if train_cfg.dataset_percent == 100 else f"-p{train_cfg.dataset_percent:g}"
         return f"demo-{train_cfg.tokenizer}{vocab}{pct}"
-    if train_cfg.data.startswith("gs://"):
+    if is_remote(train_cfg.data):
         return train_cfg.data.rstrip("/").rsplit("/", 1)[-1]
     return Path(train_cfg.data.removeprefix("file://")).resolve().name
 
@@ -56,7 +56,7 @@ def ensure_local(source_url: str, cache_root: Path, credentials: str | None = No
     a local path or file:// URL is returned as is. One process per machine calls it (start_training.sh,
     before the launch).
     """
-    if not source_url.startswith("gs://"):
+    if not is_remote(source_url):
         return Path(source_url.removeprefix("file://"))
     bucket, prefix = parse_gs_url(source_url)
     dest = Path(host_dir(cache_root), bucket, *prefix.split("/")) if prefix else Path(host_dir(cache_root), bucket)

@@ -94,16 +94,18 @@ class TrainReport:
             self.log.debug(f"step {step} loss {loss:.6f} lr {lr:.3e}")
 
     def evaluated(self, step: int, loss: float, val: float, improved: bool, evals_without_improvement: int,
-                  best: float | None = None) -> None:
-        """The val scalars (`best`: the run's lowest val loss so far, the HParams tab's second metric) and the
-        eval line, with throughput averaged since the previous eval."""
-        self.metrics.scalars(step, {"val/loss": val, "val/perplexity": math.exp(min(val, 50)), "val/best_loss": best})
+                  best: float | None = None, ema: float | None = None) -> None:
+        """The val scalars (`best`: the run's lowest val loss so far, the HParams tab's second metric; `ema`: the
+        val loss of the weights' EMA, when kept) and the eval line, with throughput averaged since the last eval."""
+        self.metrics.scalars(step, {"val/loss": val, "val/perplexity": math.exp(min(val, 50)), "val/best_loss": best,
+                                    "val/loss_ema": ema})
         tok_s = self.speed.since_last_eval()
         util, gpu = mfu(tok_s / self.world, self.flops_per_token, self.peak), gpu_stats()
         gpu_text = ("n/a" if gpu["gpu/util_pct"] is None
                     else f"{gpu['gpu/util_pct']:.0f}% busy, {gpu['gpu/mem_gb']:.1f} GB")
+        ema_text = "" if ema is None else f"EMA val loss {ema:.4f}, "
         self.log.info(f"step {step}: train loss {loss:.4f}, val loss {val:.4f}, "
-                      f"perplexity {math.exp(min(val, 50)):.2f}, "
+                      f"perplexity {math.exp(min(val, 50)):.2f}, {ema_text}"
                       f"{tok_s:,.0f} tok/s{f' ({tok_s / self.world:,.0f} per device)' if self.world > 1 else ''}, MFU "
                       f"{f'{util:.1%}' if util else 'n/a'}, GPU {gpu_text}"
                       + (" (best)" if improved else f" ({evals_without_improvement} eval(s) without improvement)"))

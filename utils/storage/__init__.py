@@ -18,8 +18,14 @@ from utils.storage.base import (PARTIAL_SUFFIX, ObjectExists, ObjectInfo, Storag
 from utils.storage.local import LocalStorage
 
 __all__ = ["PARTIAL_SUFFIX", "LocalStorage", "ObjectExists", "ObjectInfo", "Storage", "StorageError", "in_flight",
-           "no_link_below", "open_storage", "parse_gs_url",
-           "safe_relpath"]
+           "is_remote", "no_link_below", "open_storage", "parse_gs_url", "safe_relpath"]
+
+REMOTE_SCHEMES = ("gs://",)  # object stores behind this interface; a new one (s3://) is one entry plus a backend
+
+
+def is_remote(url: str | None) -> bool:
+    """Whether `url` names a bucket (gs://...) rather than a local directory (plain or file://)."""
+    return bool(url) and url.startswith(REMOTE_SCHEMES)
 
 
 def open_storage(url: str, credentials: str | None = None, *, timeout_s: float = 60) -> Storage:
@@ -30,7 +36,7 @@ def open_storage(url: str, credentials: str | None = None, *, timeout_s: float =
     """
     if not timeout_s > 0:
         raise PiconeoxError(f"storage timeout must be a positive number of seconds, got {timeout_s}")
-    if url.startswith("gs://"):
+    if is_remote(url):
         bucket, prefix = parse_gs_url(url)
         from utils.storage.gcs import GCSStorage, resolve_credentials, storage
 
