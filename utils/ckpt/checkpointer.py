@@ -6,7 +6,7 @@
     checkpointer.load(folder)                   # every part back in place, this rank's shards through DCP
 
 The model and optimizer go into DCP shards (each rank its own); every other part is one file written by rank 0
-(`<name>.json`, or `<name>.pt` for tensors). Adding a piece of checkpointed state (EMA weights, say) is one
+(`<name>.json`: small states are never pickles). Adding a piece of checkpointed state (EMA weights, say) is one
 entry in `training_parts`.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ class TrainerState:
 class Part:
     """One piece of checkpointed state: anything with state_dict() / load_state_dict(); None is skipped.
 
-    suffix: "json" for plain values, "pt" for anything torch.save must write (tensors).
+    suffix: "json", the only kind of small state (a loaded checkpoint builds no objects from it).
     in_best: whether weights-only checkpoints (best/) carry it too.
     required: whether a resume refuses a checkpoint without it (the fp16 scaler exists only in fp16 runs).
     """
@@ -57,8 +57,7 @@ class Part:
 
 def training_parts(scheduler, scaler, loader, trainer: TrainerState, metrics) -> dict[str, Part]:
     """The registry of everything a resume needs besides model and optimizer: one entry per part."""
-    return {"scheduler": Part(scheduler, "pt", in_best=False), "scaler": Part(scaler, "pt", in_best=False,
-                                                                              required=False),
+    return {"scheduler": Part(scheduler, in_best=False), "scaler": Part(scaler, in_best=False, required=False),
             "loader": Part(loader), "trainer": Part(trainer), "metrics": Part(metrics)}
 
 
@@ -93,7 +92,7 @@ class Checkpointer:
         """Put every part back as `folder` holds it; every rank must call this (the sharded load is a collective)."""
         load_sharded(folder, self.model, self.optimizer)
         for name, part in self.parts.items():
-            state = read_part(folder, name)
+            state = read_part(folder, name, like=part.obj.state_dict() if part.obj is not None else None)
             if state is None and part.required and part.obj is not None:
                 raise PiconeoxError(f"{folder}: the checkpoint has no {name} state; it cannot be resumed exactly")
             if state is not None and part.obj is not None:

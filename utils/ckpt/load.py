@@ -3,7 +3,6 @@ checkpoint's model for inference (in one process, without a process group: only 
 Loading never runs code from a checkpoint: every pickle in it is read through an allowlist (safe_load)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -13,23 +12,67 @@ from utils.ckpt.state import sharded_state
 from utils.errors import PiconeoxError
 
 
-def read_part(folder: Path, name: str) -> object | None:
-    """The saved state of part `name` (<name>.json or <name>.pt), or None when the checkpoint has none."""
+def read_part(folder: Path, name: str, like: dict | None = None) -> object | None:
+    """The saved state of part `name` (<name>.json; an older checkpoint's <name>.pt through the bounded pickle
+    reader), or None when the checkpoint has none. `like`: the part's own state_dict(); the saved state must have
+    its keys and kinds of values (a hostile file sets no other attribute, and fails here, not at step 1)."""
+    from utils.ckpt.bounded import read_json
     from utils.ckpt.safe_load import load_small_state
 
     folder = Path(folder)
-    if (folder / f"{name}.json").is_file():
-        return json.loads((folder / f"{name}.json").read_text())
-    path = folder / f"{name}.pt"
-    return load_small_state(path) if path.is_file() else None
+    path = folder / f"{name}.json"
+    if path.is_file():
+        state = read_json(path)
+    elif (path := folder / f"{name}.pt").is_file():
+        state = load_small_state(path)
+    else:
+        return None
+    if like is not None and (why := unlike(state, like)):
+        raise PiconeoxError(f"{path}: not a {name} state this run can load: {why}")
+    return state
+
+
+def kind(value) -> str:
+    return ("null" if value is None else "bool" if isinstance(value, bool) else "number"
+            if isinstance(value, (int, float)) else type(value).__name__)
+
+
+def unlike(saved, like, top: bool = True, nullable: bool = False) -> str | None:
+    """Why `saved` is not shaped like `like` (the same keys at the top, the same kinds of values, scalar lists of
+    the same length), or None. A dict's number may be null (JSON has no inf: TrainerState saves None)."""
+    if top and not isinstance(saved, dict):
+        return f"expected a JSON object, found {kind(saved)}"
+    if isinstance(like, dict) and isinstance(saved, dict):
+        if top and saved.keys() != like.keys():
+            odd = sorted(map(str, saved.keys() ^ like.keys()))[:3]
+            return f"its keys differ from {sorted(like)} ({', '.join(odd)})"
+        return next((f"{key}: {why}" for key in saved.keys() & like.keys()
+                     if (why := unlike(saved[key], like[key], top=False, nullable=True))), None)
+    kinds = {kind(saved), kind(like)}
+    if len(kinds) > 1 and not (nullable and kinds == {"null", "number"}):
+        return f"{kind(saved)} where {kind(like)} belongs"
+    if isinstance(like, list) and like:
+        if kind(like[0]) not in ("list", "dict") and len(saved) != len(like):
+            return f"{len(saved)} values where {len(like)} belong"
+        return next((f"[{i}]: {why}" for i, v in enumerate(saved) if (why := unlike(v, like[0], top=False))), None)
+    return None
 
 
 def read_rng(folder: Path, rank: int) -> dict:
-    """This rank's RNG state (rank 0's when the checkpoint had fewer ranks)."""
+    """This rank's RNG state (rank 0's when the checkpoint had fewer ranks); rng-*.json, or an older checkpoint's
+    rng-*.pt through the bounded pickle reader. Every value is checked before any generator is set."""
+    from utils.ckpt.bounded import read_json
     from utils.ckpt.safe_load import load_small_state
+    from utils.ckpt.state import rng_from_json, rng_to_json
 
-    rng = Path(folder) / rng_name(rank)
-    return load_small_state(rng if rng.exists() else Path(folder) / rng_name(0))
+    folder = Path(folder)
+    path = next((p for r in (rank, 0) for s in ("json", "pt") if (p := folder / rng_name(r, s)).is_file()), None)
+    if path is None:
+        raise PiconeoxError(f"{folder}: the checkpoint has no RNG state ({rng_name(0)}); it cannot be resumed exactly")
+    try:
+        return rng_from_json(read_json(path) if path.suffix == ".json" else rng_to_json(load_small_state(path)))
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+        raise PiconeoxError(f"{path}: not an RNG state piconeox wrote ({str(e).splitlines()[0][:200]})") from None
 
 
 def load_sharded(folder: Path, model, optimizer) -> None:
