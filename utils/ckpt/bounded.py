@@ -7,21 +7,18 @@ memory out of proportion to its size, whatever its bytes.
   through the memo is 2**64 objects to hash: it would hang any unpickler inside C, where no signal handler runs.
 - A torch zip (what torch.save writes) must store its records as they are: a DEFLATE record would be inflated
   by torch.load (~1,000x), and torch itself never compresses one.
-- JSON is read up to a size; nesting too deep to parse is one line too, not a RecursionError.
+- JSON is read by utils.textfile.read_json: up to a size, and nesting too deep to parse is one line.
 """
 from __future__ import annotations
 
 import io
-import json
 import pickletools
 import zipfile
-from pathlib import Path
 
 from utils.errors import PiconeoxError
 
 MAX_PICKLE_NODES = 5_000_000  # a 1.2B model's index holds ~100,000 objects; its optimizer records ~100
 MAX_PICKLE_DEPTH = 100  # what torch writes nests 10 deep
-MAX_JSON_BYTES = 64 << 20  # config, marker, parts, manifest, tokenizer.json (Pythia's: 2 MB)
 MUTATORS = {"APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS", "BUILD"}  # fill the object below them
 _MARK = -1
 
@@ -120,20 +117,4 @@ def check_torch_zip(source, path, item: str = "") -> None:
     finally:
         if isinstance(source, io.IOBase):
             source.seek(0)
-
-
-def read_json(path: Path, what: str = "", max_bytes: int = MAX_JSON_BYTES):
-    """The parsed JSON file `path`; a file too large, too deep or not JSON is one PiconeoxError line."""
-    path = Path(path)
-    label = f"{what}{path}"
-    try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise PiconeoxError(f"{label}: {size:,} bytes, more than the {max_bytes:,} allowed for this JSON file")
-        text = path.read_text(encoding="utf-8")
-        return json.loads(text)
-    except RecursionError:  # json builds nested values recursively: 100,000 brackets deep is this, not a crash
-        raise PiconeoxError(f"{label}: JSON nested too deep to read") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise PiconeoxError(f"{label}: not valid JSON ({str(e).splitlines()[0][:200]})") from None
 

@@ -16,7 +16,7 @@ def read_part(folder: Path, name: str, like: dict | None = None) -> object | Non
     """The saved state of part `name` (<name>.json; an older checkpoint's <name>.pt through the bounded pickle
     reader), or None when the checkpoint has none. `like`: the part's own state_dict(); the saved state must have
     its keys and kinds of values (a hostile file sets no other attribute, and fails here, not at step 1)."""
-    from utils.ckpt.bounded import read_json
+    from utils.textfile import read_json
     from utils.ckpt.safe_load import load_small_state
 
     folder = Path(folder)
@@ -61,7 +61,7 @@ def unlike(saved, like, top: bool = True, nullable: bool = False) -> str | None:
 def read_rng(folder: Path, rank: int) -> dict:
     """This rank's RNG state (rank 0's when the checkpoint had fewer ranks); rng-*.json, or an older checkpoint's
     rng-*.pt through the bounded pickle reader. Every value is checked before any generator is set."""
-    from utils.ckpt.bounded import read_json
+    from utils.textfile import read_json
     from utils.ckpt.safe_load import load_small_state
     from utils.ckpt.state import rng_from_json, rng_to_json
 
@@ -126,17 +126,20 @@ def load_model(folder: Path):
     Folders with a COMPLETE marker are verified first (sizes and crc32c), so corruption is one clear line.
     """
     from safetensors import SafetensorError
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+    from transformers import GPTNeoXForCausalLM
+
+    from utils.ckpt.hf_folder import checked_config
 
     folder = Path(folder)
     if (folder / MARKER).exists():
         checked(folder)
     try:
+        config = checked_config(folder)  # GPT-NeoX, no code, sizes those of the weights: before anything is built
         if (folder / WEIGHTS_FILE).is_file():
-            return GPTNeoXForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+            return GPTNeoXForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32,
+                                                      attn_implementation="sdpa")
         if not (folder / DCP_INDEX).is_file():
             raise PiconeoxError(f"{folder} holds no model: expected model.safetensors or a sharded checkpoint")
-        config = GPTNeoXConfig.from_pretrained(folder)
         with torch.device("meta"):
             model = GPTNeoXForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
         model.load_state_dict(read_weights(folder), assign=True)

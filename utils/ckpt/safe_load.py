@@ -174,13 +174,14 @@ def index_problem(metadata, folder: Path) -> str | None:
     return None
 
 
-def weights_only_load(source, path, allow=(), item: str = ""):
+def weights_only_load(source, path, allow=(), item: str = "", mmap: bool = False):
     """`torch.load(weights_only=True)` of `source` (the file `path`, or its part `item`) with the extra globals
-    `allow`; a refusal is one UnsafeCheckpoint line."""
+    `allow`, once check_torch_zip has bounded it; a refusal is one UnsafeCheckpoint line. `mmap`: tensors stay
+    on disk (`source` a path)."""
     check_torch_zip(source, path, item)  # stored records only, a pickle of bounded size and depth
     try:
         with torch.serialization.safe_globals(list(allow)):
-            return torch.load(source, map_location="cpu", weights_only=True)
+            return torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:  # torch's message is a paragraph: keep the global it names
         found = (re.search(r"GLOBAL (\S+)", str(e)) or re.search(r"got <class '([^']+)'>", str(e))
                  or re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(e)))

@@ -99,13 +99,13 @@ def link_copy(src: Path, folder: Path, extra: Path | None = None) -> Path:
 @contextlib.contextmanager
 def consolidate_into(folder: Path) -> Iterator[Path]:
     """A temporary folder (next to `folder`, removed afterwards) holding config.json + model.safetensors."""
-    from transformers import GPTNeoXConfig
+    from utils.ckpt.hf_folder import checked_config
 
     tmp = Path(folder).with_name(f".{Path(folder).name}.weights.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        save_pretrained_weights(GPTNeoXConfig.from_pretrained(folder), read_weights(folder), tmp)
+        save_pretrained_weights(checked_config(folder), read_weights(folder), tmp)
         make_portable(tmp, tokenizer_dir=folder)
         yield tmp
     finally:
