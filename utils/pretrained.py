@@ -16,7 +16,7 @@ from utils.ckpt.format import DCP_INDEX
 from utils.ckpt.hf_folder import check_weights, gpt_neox_config, load_tokenizer, tokenizer_problem, weight_shapes
 from utils.ckpt.load import load_model
 from utils.data.tokenizers import TOKENIZER_FILE, file_sha256
-from utils.errors import PiconeoxError
+from utils.errors import PiconeoxError, first_line
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json",
@@ -64,8 +64,8 @@ class Pretrained:
         try:
             model, info = GPTNeoXForCausalLM.from_pretrained(self.path, config=self.hf_config, dtype=torch.float32,
                                                              attn_implementation="sdpa", output_loading_info=True)
-        except (OSError, ValueError, RuntimeError) as e:
-            why = str(e).splitlines()[0]
+        except (OSError, ValueError, RuntimeError, MemoryError) as e:
+            why = first_line(e)
             raise PiconeoxError(f"--init-from {self.path}: the weights do not load ({why})") from None
         if info["missing_keys"]:
             raise PiconeoxError(f"--init-from {self.path}: the weights lack {len(info['missing_keys'])} tensors of the "

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from utils.textfile import read_json
-from utils.errors import PiconeoxError
+from utils.errors import PiconeoxError, first_line
 
 LIMITS = {"num_hidden_layers": 1024, "hidden_size": 1 << 16, "num_attention_heads": 1024,
           "intermediate_size": 1 << 18, "vocab_size": 1 << 21, "max_position_embeddings": 1 << 20}
@@ -44,7 +44,7 @@ def gpt_neox_config(folder: Path, flag: str = ""):
     try:
         return GPTNeoXConfig.from_dict(raw)
     except (ValueError, TypeError, KeyError) as e:
-        raise PiconeoxError(f"{flag}{folder}/config.json: not a GPT-NeoX config ({str(e).splitlines()[0][:200]})")
+        raise PiconeoxError(f"{flag}{folder}/config.json: not a GPT-NeoX config ({first_line(e, 200)})")
 
 
 def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:

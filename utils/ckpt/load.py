@@ -9,7 +9,7 @@ import torch
 
 from utils.ckpt.format import DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, rng_name
 from utils.ckpt.state import sharded_state
-from utils.errors import PiconeoxError
+from utils.errors import PiconeoxError, first_line
 
 
 def read_part(folder: Path, name: str, like: dict | None = None) -> object | None:
@@ -72,7 +72,7 @@ def read_rng(folder: Path, rank: int) -> dict:
     try:
         return rng_from_json(read_json(path) if path.suffix == ".json" else rng_to_json(load_small_state(path)))
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as e:
-        raise PiconeoxError(f"{path}: not an RNG state piconeox wrote ({str(e).splitlines()[0][:200]})") from None
+        raise PiconeoxError(f"{path}: not an RNG state piconeox wrote ({first_line(e, 200)})") from None
 
 
 def load_sharded(folder: Path, model, optimizer) -> None:
@@ -89,7 +89,7 @@ def load_sharded(folder: Path, model, optimizer) -> None:
     except PiconeoxError:  # a refusal or an unreadable index: already one line naming the file
         raise
     except Exception as e:  # CheckpointException wraps every rank's error; one line is enough for the user
-        raise PiconeoxError(f"{folder}: cannot load the sharded state: {str(e).splitlines()[0][:300]}") from e
+        raise PiconeoxError(f"{folder}: cannot load the sharded state: {first_line(e, 300)}") from e
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
@@ -147,5 +147,5 @@ def load_model(folder: Path):
         # RoPE's inv_freq is a non-persistent buffer, in no checkpoint: compute it for real, not on meta
         model.gpt_neox.rotary_emb = type(model.gpt_neox.rotary_emb)(config=model.config)
         return model.eval()
-    except (SafetensorError, OSError, RuntimeError, ValueError) as e:
-        raise PiconeoxError(f"{folder}: cannot load the model: {str(e).splitlines()[0][:300]}") from e
+    except (SafetensorError, OSError, RuntimeError, ValueError, MemoryError) as e:
+        raise PiconeoxError(f"{folder}: cannot load the model: {first_line(e, 300)}") from e

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.utils import _ReaderView
 
 from utils.ckpt.bounded import check_pickle, check_torch_zip
-from utils.errors import PiconeoxError
+from utils.errors import PiconeoxError, first_line
 
 MAX_INDEX_BYTES = 1 << 30  # a 1.2B model's .metadata is ~1 MB
 MAX_VALUE_BYTES = 1 << 20  # a non-tensor value (an optimizer hyperparameter) is a few hundred bytes
@@ -97,7 +97,7 @@ class SafeFileSystemReader(FileSystemReader):
         except UnsafeCheckpoint:
             raise
         except Exception as e:  # truncated or not a pickle at all: the unpickler's errors vary
-            why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            why = f"{type(e).__name__}: {first_line(e, 200)}"
             raise PiconeoxError(f"{path}: not a readable checkpoint index ({why})") from None
         if not isinstance(metadata, Metadata):
             raise PiconeoxError(f"{path}: not a checkpoint index (holds a {type(metadata).__name__})")
@@ -122,8 +122,12 @@ class SafeFileSystemReader(FileSystemReader):
         for name, items in per_file.items():
             path = Path(self.path) / name
             with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
                 for item in items:
                     info = self.storage_data[item.storage_index]
+                    if not 0 <= info.offset <= info.offset + info.length <= size:  # /dev/zero has size 0
+                        raise PiconeoxError(f"{path}: record {item.dest_index.fqn} claims bytes {info.offset:,} to "
+                                            f"{info.offset + info.length:,} of a file of {size:,}")
                     view = RecordView(f, info.offset, info.length)
                     if item.type == LoadItemType.BYTE_IO:
                         if info.length > MAX_VALUE_BYTES:
@@ -188,7 +192,7 @@ def weights_only_load(source, path, allow=(), item: str = "", mmap: bool = False
         what = found.group(1) if found else "an object torch.load(weights_only=True) refuses"
         raise refusal(path, what + (f" (in {item})" if item else "")) from None
     except (RuntimeError, EOFError, ValueError) as e:
-        raise PiconeoxError(f"{path}: not a readable state file ({str(e).splitlines()[0][:200]})") from None
+        raise PiconeoxError(f"{path}: not a readable state file ({first_line(e, 200)})") from None
 
 
 def load_small_state(path: Path):
