@@ -264,6 +264,8 @@ def test_an_index_entry_reading_dev_zero_is_refused(work):
 def test_sizes_are_checked_before_anything_is_built(work):
     from tokenizers import Tokenizer
 
+    from rp2040.export import main as export_main
+
     best, step = work / "ckpt" / "run" / "best", work / "ckpt" / "run" / STEP
     for folder, layers, words in ((best, 100_000, ("num_hidden_layers 100000", "1..1,024")),
                                   (step, 1000, ("says 1000 layers, the weights hold 1",))):
@@ -279,13 +281,15 @@ def test_sizes_are_checked_before_anything_is_built(work):
     tok["model"]["merges"] = [["a", "b"]] * 2_097_153  # utils.data.tokenizers.MAX_TOKENS + 1
     (best / "tokenizer.json").write_text(json.dumps(tok))
     remark(best)
-    assert_one_line(bounded(generate(best)), "2,097,153 merges entries, more than the 2,097,152 allowed")
+    for call in (generate(best), lambda: export_main([str(best), "--out", str(work / "pico")])):
+        assert_one_line(bounded(call), "2,097,153 merges entries, more than the 2,097,152 allowed")
     shutil.copy(step / "tokenizer.json", best / "tokenizer.json")
     wide = Tokenizer.from_file(str(best / "tokenizer.json"))
     wide.add_tokens([f"<extra{i}>" for i in range(10)])  # ids 256..265: beyond the model's 256 rows
     wide.save(str(best / "tokenizer.json"))
     remark(best)
-    assert_one_line(bounded(generate(best)), "the tokenizer has 266 ids, the model's embedding 256 rows")
+    assert_one_line(bounded(generate(best)), "vocab mismatch: the tokenizer has 266 ids but the model's embedding "
+                    "has 256 rows")
 
 
 def test_a_manifest_of_too_many_shards_is_refused_at_once(work, tiny_data):
@@ -362,6 +366,8 @@ def test_bad_json_and_tokenizers_are_one_line(work, tiny_data):
     (step / "trainer.json").write_text(deep)
     remark(step)
     assert_one_line(bounded(resume(work, tiny_data, step)), "trainer.json is not valid JSON")
+    (step / MARKER).write_text(deep)
+    assert_one_line(bounded(generate(step)), "COMPLETE is unreadable")
     shutil.copy(step / "config.json", best / "config.json")
     (best / "tokenizer.json").write_text("this is not JSON")
     remark(best)

@@ -58,7 +58,7 @@ def read_marker(folder: Path) -> dict | None:
     try:
         marker = json.loads((Path(folder) / MARKER).read_text())
         files = marker.get("files")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: JSON nested too deep
         return None
     if not isinstance(files, dict) or not all(isinstance(v, dict) and {"size", "crc32c"} <= v.keys()
                                               for v in files.values()):

@@ -113,7 +113,7 @@ def tokenizer_problem(path: Path, model_vocab: int) -> str | None:
     except PiconeoxError as e:
         return str(e)
     if size > model_vocab:
-        return f"{path}: the tokenizer has {size:,} ids, the model's embedding {model_vocab:,} rows"
+        return f"{path}: vocab mismatch: the tokenizer has {size} ids but the model's embedding has {model_vocab} rows"
     return None
 
 
