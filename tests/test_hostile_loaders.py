@@ -340,8 +340,8 @@ def index_variants():
 
     return {"a number as an entry": lambda meta: meta.state_dict_metadata.update({first(meta): 5}),
             "a chunk outside its tensor": chunk_outside,
-            "a tensor of 4 TB": lambda meta: setattr(meta.state_dict_metadata[first(meta)], "size",
-                                                     torch.Size([10**6, 10**6])),
+            "a tensor of 4 TB": lambda meta: setattr(meta.state_dict_metadata[  # a shape config.json does not give
+                "model.gpt_neox.final_layer_norm.weight"], "size", torch.Size([10**6, 10**6])),
             "a compressing transform": lambda meta: meta.storage_data.update(
                 {k: dataclasses.replace(v, transform_descriptors=["zstd"]) for k, v in meta.storage_data.items()}),
             "a list as storage records": lambda meta: setattr(meta, "storage_data", [])}

@@ -53,8 +53,11 @@ def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
 
     folder = Path(folder)
     if (folder / ".metadata").is_file():  # our step folders (DCP)
+        from utils.ckpt.format import MARKER, check_complete
         from utils.ckpt.safe_load import SafeFileSystemReader
 
+        if (folder / MARKER).exists() and (reason := check_complete(folder)):  # sizes: a damaged folder says so
+            raise PiconeoxError(reason)
         meta = SafeFileSystemReader(str(folder)).read_metadata().state_dict_metadata
         return {k[len("model."):]: tuple(m.size) for k, m in meta.items() if k.startswith("model.") and
                 hasattr(m, "size")}

@@ -111,10 +111,16 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     from utils.ckpt.safe_load import SafeFileSystemReader, load_dcp
 
     meta = SafeFileSystemReader(str(folder)).read_metadata().state_dict_metadata
-    weights = {key[len(MODEL_PREFIX):]: torch.empty(m.size, dtype=m.properties.dtype)
-               for key, m in meta.items() if key.startswith(MODEL_PREFIX) and isinstance(m, TensorStorageMetadata)}
-    if not weights:
+    entries = {key[len(MODEL_PREFIX):]: m for key, m in meta.items()
+               if key.startswith(MODEL_PREFIX) and isinstance(m, TensorStorageMetadata)}
+    if not entries:
         raise PiconeoxError(f"{folder}: the checkpoint holds no model weights")
+    claimed = sum(m.size.numel() * m.properties.dtype.itemsize for m in entries.values())
+    held = sum(p.stat().st_size for p in Path(folder).glob("*.distcp"))
+    if claimed > held:  # the index alone must not make us allocate: its sizes must be in the files
+        raise PiconeoxError(f"{folder}/{DCP_INDEX}: its weights hold {claimed:,} bytes, but the folder's .distcp "
+                            f"files only {held:,}")
+    weights = {key: torch.empty(m.size, dtype=m.properties.dtype) for key, m in entries.items()}
     state = {"model": weights}
     load_dcp(state, folder, no_dist=True)
     return state["model"]

@@ -101,7 +101,7 @@ class SafeFileSystemReader(FileSystemReader):
             raise PiconeoxError(f"{path}: not a readable checkpoint index ({why})") from None
         if not isinstance(metadata, Metadata):
             raise PiconeoxError(f"{path}: not a checkpoint index (holds a {type(metadata).__name__})")
-        if why := index_problem(metadata, Path(self.path)):
+        if why := index_problem(metadata):
             raise PiconeoxError(f"{path}: not a checkpoint index piconeox wrote: {why}")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
@@ -148,10 +148,9 @@ class SafeFileSystemReader(FileSystemReader):
         return done
 
 
-def index_problem(metadata, folder: Path) -> str | None:
+def index_problem(metadata) -> str | None:
     """What in a DCP index our writer never puts there, or None: entries other than tensors (with a dtype, a
-    shape and chunks inside it) and values; storage records that need a transform (DCP's extensions decompress);
-    tensors holding more bytes than the folder's shards do (they would be allocated before being read)."""
+    shape and chunks inside it) and values; storage records that need a transform (DCP's extensions decompress)."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
     def shape(value) -> bool:
@@ -160,7 +159,6 @@ def index_problem(metadata, folder: Path) -> str | None:
     entries = metadata.state_dict_metadata
     if not isinstance(entries, dict) or not isinstance(metadata.storage_data, dict):
         return "its entries or storage records are not dictionaries"
-    numel = 0
     for key, m in entries.items():
         if isinstance(m, BytesStorageMetadata) and isinstance(key, str):
             continue
@@ -169,12 +167,8 @@ def index_problem(metadata, folder: Path) -> str | None:
                 and all(shape(c.offsets) and shape(c.sizes) and len(c.offsets) == len(c.sizes) == len(m.size) and
                         all(o + n <= d for o, n, d in zip(c.offsets, c.sizes, m.size)) for c in m.chunks)):
             return f"entry {str(key)[:100]!r} is not a tensor with a dtype, a shape and chunks inside it"
-        numel += m.size.numel() * m.properties.dtype.itemsize
     if any(getattr(info, "transform_descriptors", None) for info in metadata.storage_data.values()):
         return "a storage record needs a transform (compression); piconeox writes none"
-    shards = sum(p.stat().st_size for p in folder.glob("*.distcp"))
-    if numel > shards:
-        return f"its tensors hold {numel:,} bytes, but the folder's .distcp files only {shards:,}"
     return None
 
 

@@ -129,7 +129,10 @@ def read_manifest(data_dir: str | os.PathLike) -> Manifest:
     path = Path(data_dir) / MANIFEST_FILE
     if not path.is_file():
         raise PiconeoxError(f"{path} not found: {data_dir} is not a prepared dataset (run prepare_data.py)")
-    raw = read_json(path)  # bounded in size and depth
+    try:
+        raw = read_json(path)  # bounded in size and depth
+    except PiconeoxError as e:
+        raise PiconeoxError(f"{e}: {path.name} is not a valid manifest; prepare the data again") from None
     if len(raw.get("shards") or ()) > MAX_SHARDS:
         raise PiconeoxError(f"{path}: {len(raw['shards']):,} shards, more than the {MAX_SHARDS:,} allowed")
     try:
