@@ -44,8 +44,11 @@ script is killed outright (SIGKILL), the training processes get SIGTERM at once 
 none outlives it by more than --grace-seconds. One run per name: a second start of a run that is still
 running (or still saving) exits 2 before the launch (lock: <output-dir>/.locks/<run>.lock).
 
-With --num-machines > 1, GLOO_SOCKET_IFNAME is set to the interface that routes to --main-process-ip
-(unless already set), so the checkpoint and stop-vote gloo groups reach the other machines. On GPUs
+With --num-machines > 1, GLOO_SOCKET_IFNAME is set (unless already set) to the interface that holds
+--main-process-ip (machine 0) or routes to it (the others), never lo, so the checkpoint and stop-vote gloo
+groups reach the other machines. A name that resolves to loopback here (machine 0's own hostname in
+/etc/hosts, 127.0.1.1) is refused: pass the address the other machines use. --main-process-ip 127.0.0.1
+runs every machine on this host (a test). On GPUs
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set unless PYTORCH_CUDA_ALLOC_CONF is already set.
 
 Test hooks: PICONEOX_FAKE_GPUS=N pretends N CUDA GPUs are visible (to check GPU lines on a CPU box);
@@ -189,16 +192,13 @@ launch+=(--dynamo_backend no)
 # One process: a failing run has already printed its own one-line error; no launcher traceback after it.
 [ "$total" -eq 1 ] && launch+=(--quiet)
 [ "$machines" -gt 1 ] && launch+=(--machine_rank "$rank" --main_process_ip "$ip")
-# Several machines: the gloo groups (checkpoint savers, stop vote) must bind to the interface that reaches rank 0,
-# not to whatever the hostname resolves to (often 127.0.1.1). A GLOO_SOCKET_IFNAME the user set wins.
+# Several machines: the gloo groups (checkpoint savers, stop vote) must bind to an interface the other machines
+# reach, not to whatever the hostname resolves to (often 127.0.1.1): on machine 0 the one holding --main-process-ip,
+# elsewhere the one routing to it, never lo. A name resolving to loopback here is refused (utils/run/network.py).
+# A GLOO_SOCKET_IFNAME the user set wins.
 if [ "$machines" -gt 1 ] && [ -z "${GLOO_SOCKET_IFNAME:-}" ]; then
-  ifname=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c \
-    'import sys; from utils.distributed import route_interface; print(route_interface(sys.argv[1]) or "")' "$ip")
-  if [ -n "$ifname" ]; then
-    envs+=("GLOO_SOCKET_IFNAME=$ifname")
-  else
-    echo "warning: no network interface routes to --main-process-ip $ip; set GLOO_SOCKET_IFNAME yourself" >&2
-  fi
+  ifname=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.run.network "$ip") || exit $?
+  [ -n "$ifname" ] && envs+=("GLOO_SOCKET_IFNAME=$ifname")
 fi
 # One machine: port 0 lets accelerate pick a free port, so two runs (or test suites) on one box never collide.
 [ -z "$port" ] && [ "$machines" -eq 1 ] && { [ "$total" -gt 1 ] || [ -n "${cpu_group:-}" ]; } && port=0

@@ -28,11 +28,12 @@ KEYS = {
             "ram_gb", "google_cloud_storage"],
     "gemm": ["m", "n", "k", "dtype", "tflops"],
     "sdpa": ["backend", "batch", "heads", "seq", "head_dim", "tflops"],
-    "h2d": ["pinned", "gb", "gb_per_s"],
+    "d2h": ["pinned", "gb", "gb_per_s"],
     "train": ["variant", "micro_batch", "compile", "ok", "wall_s", "first_step_s", "tok_s", "mfu", "peak_alloc_gb",
               "peak_reserved_gb", "recompiles", "graph_breaks"],
-    "save": ["blocking_s", "write_s", "write_gb_per_s", "crc32c_gb_per_s", "step_ratio_during_write", "staged_gb",
-             "checkpoint_gb", "resume_max_dloss", "noise_floor_max_dloss"],
+    "save": ["blocking_s", "write_s", "write_gb_per_s", "crc32c_gb_per_s", "step_ratio_during_write",
+             "steps_during_write", "staged_gb", "checkpoint_gb", "noise_floor_max_dloss"],
+    "resume": ["ok", "resume_max_dloss"],
     "fsdp": ["ok", "blocking_s", "checkpoint_gb", "resume_max_dloss"],
 }
 GB = 1e9
@@ -50,8 +51,6 @@ def record(out: Path, kind: str, **values) -> None:
 # --- stage env, kernels ------------------------------------------------------------------------------------
 
 def stage_env(out: Path, cpu: bool) -> None:
-    import importlib.util
-
     import accelerate
     import torch
     import transformers
@@ -63,7 +62,18 @@ def stage_env(out: Path, cpu: bool) -> None:
            gpu=torch.cuda.get_device_name() if cuda else None,
            gpu_memory_gb=torch.cuda.get_device_properties(0).total_memory / GB if cuda else None,
            free_disk_gb=shutil.disk_usage(out).free / GB, ram_gb=int(mem) * 1024 / GB,
-           google_cloud_storage=importlib.util.find_spec("google.cloud.storage") is not None)
+           google_cloud_storage=importable("google.cloud.storage"))
+
+
+def importable(name: str) -> bool:
+    """Whether `name` can be imported; find_spec raises (not None) when a parent package lacks it, e.g. `google`
+    as a namespace with `google_crc32c`'s or protobuf's parts but no `cloud`."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def timed(fn, repeat: int, sync) -> float:
@@ -80,7 +90,8 @@ def timed(fn, repeat: int, sync) -> float:
 
 
 def stage_kernels(out: Path, cpu: bool) -> None:
-    """bf16 GEMMs at the production shapes, the SDPA backend that runs and its speed, pinned host-to-device GB/s."""
+    """bf16 GEMMs at the production shapes, the SDPA backend that runs and its speed, device-to-pinned-host GB/s
+    (a save's blocking copy)."""
     import torch
     import torch.nn.functional as F
 
@@ -94,27 +105,30 @@ def stage_kernels(out: Path, cpu: bool) -> None:
         record(out, "gemm", m=m, n=n, k=k, dtype=str(dtype).removeprefix("torch."), tflops=2 * m * n * k / s / 1e12)
     batch, heads, seq, hd = (4, 16, 2048, 128) if cuda else (2, 4, 128, 32)
     q, k_, v = (torch.randn(batch, heads, seq, hd, device=dev, dtype=dtype) for _ in range(3))
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backend = None
-    for candidate in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                      SDPBackend.MATH):  # the order torch prefers: the first that runs is the one it uses
-        try:
-            with sdpa_kernel(candidate):
-                F.scaled_dot_product_attention(q, k_, v, is_causal=True)
-            backend = candidate
-            break
-        except RuntimeError:
-            continue
-    with sdpa_kernel(backend):
-        s = timed(lambda: F.scaled_dot_product_attention(q, k_, v, is_causal=True), 10 if cuda else 2, sync)
+    backend = sdpa_backend(lambda: F.scaled_dot_product_attention(q, k_, v, is_causal=True))
+    s = timed(lambda: F.scaled_dot_product_attention(q, k_, v, is_causal=True), 10 if cuda else 2, sync)
     flops = 4 * batch * heads * seq * seq * hd / 2  # causal: half of QK^T and PV
-    record(out, "sdpa", backend=backend.name, batch=batch, heads=heads, seq=seq, head_dim=hd, tflops=flops / s / 1e12)
-    size = int(2 * GB) if cuda else int(64e6)
+    record(out, "sdpa", backend=backend, batch=batch, heads=heads, seq=seq, head_dim=hd, tflops=flops / s / 1e12)
+    size = int(2 * GB) if cuda else int(64e6)  # a save's staging copy: device to pinned host memory
+    source = torch.empty(size, dtype=torch.uint8, device=dev)
     host = torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
-    target = torch.empty(size, dtype=torch.uint8, device=dev)
-    s = timed(lambda: target.copy_(host, non_blocking=cuda), 3, sync)
-    record(out, "h2d", pinned=cuda, gb=size / GB, gb_per_s=size / GB / s)
+    s = timed(lambda: host.copy_(source, non_blocking=cuda), 3, sync)
+    record(out, "d2h", pinned=cuda, gb=size / GB, gb_per_s=size / GB / s)
+
+
+SDPA_OPS = {"_flash_attention": "FLASH_ATTENTION", "_efficient_attention": "EFFICIENT_ATTENTION",
+            "_cudnn_attention": "CUDNN_ATTENTION", "_attention_math": "MATH", "_math": "MATH"}
+
+
+def sdpa_backend(call) -> str | None:
+    """The backend torch's own choice runs for `call` (no forcing: torch tries FLASH, EFFICIENT, MATH, then cuDNN),
+    read from the aten op the profiler records (`aten::_scaled_dot_product_flash_attention`, ...)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        call()
+    ops = [e.name for e in prof.events() if e.name.startswith("aten::_scaled_dot_product")]
+    return next((name for op in ops for key, name in SDPA_OPS.items() if key in op), ops[0] if ops else None)
 
 
 # --- runs through ./start_training.sh ----------------------------------------------------------------------
@@ -136,6 +150,9 @@ def run_train(out: Path, name: str, cpu: bool, extra: list[str], fsdp: bool = Fa
     cmd = [str(ROOT / "start_training.sh"), *preset, "--set", "train.grad_accum_steps=1",
            "--set", "train.global_batch_tokens=0", "--log-every", "1", "--warmup-steps", "2", "--keep-last", "1",
            "--set", "train.best_and_final=false",  # one checkpoint on disk per run (17 GB at 1.2B), nothing else
+           # evaluation only at the last step (a run always ends with one), on one batch: its recompile is the
+           # one cost of it, outside every measured step
+           "--eval-every", "1000000", "--eval-batches", "1",
            "--report-to", "none", "--output-dir", str(out / "ckpt"), "--log-dir", str(out / "logs"),
            "--run-name", name, *extra]
     if "--resume" not in extra:  # a stage run again in the same DIR starts its runs afresh
@@ -163,29 +180,29 @@ def max_dloss(a: dict[int, dict], b: dict[int, dict], after: int) -> float | Non
     return max(abs(a[s]["train/loss"] - b[s]["train/loss"]) for s in common) if common else None
 
 
-def stage_train(out: Path, cpu: bool, steps: int) -> None:
-    """Production on one GPU: build/compile/first step, steady tok/s and MFU, memory, recompiles; micro batch x2
-    and compile off."""
-    micro = 4
-    variants = (("base", []), ("micro_x2", ["--batch-size", str(2 * micro)]), ("compile_off", ["--compile", "off"]))
-    for variant, extra in variants[:1] if cpu else variants:  # CPU mode: no compile, and memory is no question
-        name = f"train-{variant}"
-        ok, wall, log_dir = run_train(out, name, cpu, ["--max-steps", str(steps), "--eval-every", str(10 * steps),
-                                                       "--save-every", str(10 * steps), *extra])
-        rows = history(log_dir)
-        warm = [r for s, r in rows.items() if s > 2]
-        text = (out / f"{name}.out").read_text()
-        peak = re.search(r"peak GPU memory ([\d.]+) GB", text)
-        mfus = [r["train/mfu"] for r in warm if r.get("train/mfu") is not None]
-        record(out, "train", variant=variant, micro_batch=2 * micro if variant == "micro_x2" else micro,
-               compile=not cpu and variant != "compile_off", ok=ok, wall_s=wall,
-               first_step_s=rows[1]["train/step_time_s"] if 1 in rows else None,
-               tok_s=statistics.median(r["train/tokens_per_s"] for r in warm) if warm else None,
-               mfu=statistics.median(mfus) if mfus else None,
-               peak_alloc_gb=float(peak.group(1)) if peak else None,
-               peak_reserved_gb=max((r.get("gpu/mem_gb") or 0 for r in rows.values()), default=None) or None,
-               recompiles=text.count("Recompiling function"), graph_breaks=text.count("Graph break"))
-        shutil.rmtree(out / "ckpt" / name, ignore_errors=True)  # disk: only the save stage keeps a checkpoint
+VARIANTS = {"base": [], "micro_x2": ["--batch-size", "8"], "compile_off": ["--compile", "off"]}
+
+
+def stage_train(out: Path, cpu: bool, steps: int, variant: str = "base") -> None:
+    """Production on one GPU, one run: build/compile/first step, steady tok/s and MFU, memory, recompiles
+    (`--variant micro_x2` or `compile_off` for a second command)."""
+    name = "train-base" if variant == "base" else f"train-{variant}"
+    ok, wall, log_dir = run_train(out, name, cpu, ["--max-steps", str(steps), "--save-every", str(10 * steps),
+                                                   *([] if cpu else VARIANTS[variant])])
+    rows = history(log_dir)
+    warm = [r for s, r in rows.items() if s > 2]
+    text = (out / f"{name}.out").read_text()
+    peak = re.search(r"peak GPU memory ([\d.]+) GB", text)
+    mfus = [r["train/mfu"] for r in warm if r.get("train/mfu") is not None]
+    record(out, "train", variant=variant, micro_batch=8 if variant == "micro_x2" else 4,
+           compile=not cpu and variant != "compile_off", ok=ok, wall_s=wall,
+           first_step_s=rows[1]["train/step_time_s"] if 1 in rows else None,
+           tok_s=statistics.median(r["train/tokens_per_s"] for r in warm) if warm else None,
+           mfu=statistics.median(mfus) if mfus else None,
+           peak_alloc_gb=float(peak.group(1)) if peak else None,
+           peak_reserved_gb=max((r.get("gpu/mem_gb") or 0 for r in rows.values()), default=None) or None,
+           recompiles=text.count("Recompiling function"), graph_breaks=text.count("Graph break"))
+    shutil.rmtree(out / "ckpt" / name, ignore_errors=True)  # disk: only the save stage keeps a checkpoint
 
 
 def blocked_seconds(log_dir: Path) -> float | None:
@@ -193,24 +210,35 @@ def blocked_seconds(log_dir: Path) -> float | None:
     return float(found[0]) if found else None
 
 
+def steps_during_write(rows: dict[int, dict], saved: int, blocking: float, write_s: float) -> list[int]:
+    """The steps that ran entirely while the write started after step `saved` went on: the step right after the
+    save holds its blocking copy (the write starts when that ends), and the steps after it count while their
+    cumulative time stays within the write's."""
+    if saved + 1 not in rows:
+        return []
+    spent, busy = rows[saved + 1]["train/step_time_s"] - blocking, []
+    for step in sorted(s for s in rows if s > saved + 1):
+        spent += rows[step]["train/step_time_s"]
+        if spent > write_s:
+            break
+        busy.append(step)
+    return busy
+
+
 def stage_save(out: Path, cpu: bool, steps: int) -> None:
-    """One save mid-run (keep_last 1): blocking seconds, write and crc32c GB/s, step time while writing, staged GB;
-    the resumed loss curve against a second straight run (the noise floor, not zero: GPU kernels vary): the train
-    stage's base run when this DIR has one of the same length, else a run of its own."""
+    """One run with a save mid-run (keep_last 2: the resume stage starts from it): blocking seconds, write and
+    crc32c GB/s, step time during the write against the other steps, staged GB; the run's losses against the train
+    stage's base run (the noise floor, not zero: GPU kernels vary; None without a train stage of these --steps)."""
     from utils.ckpt.format import step_dir_name
     from utils.crc import crc32c_file
 
     every = steps // 2
-    common = ["--max-steps", str(steps), "--eval-every", str(10 * steps)]
-    # keep_last 2: the end-of-run save would rotate out the mid-run checkpoint that the resume starts from (34 GB
-    # at 1.2B, the most the check ever holds on disk)
-    _, _, a = run_train(out, "save-a", cpu, [*common, "--save-every", str(every), "--keep-last", "2"])
-    straight = history(out / "logs" / "train-base")  # the train stage's base run has exactly these settings
-    if max(straight, default=0) != steps:  # no train stage in this DIR (or another --steps): a run of its own
-        straight = history(run_train(out, "save-b", cpu, [*common, "--save-every", str(10 * steps)])[2])
-        shutil.rmtree(out / "ckpt" / "save-b", ignore_errors=True)
+    _, _, a = run_train(out, "save-a", cpu, ["--max-steps", str(steps), "--save-every", str(every), "--keep-last", "2"])
+    straight = history(out / "logs" / "train-base")
     folder = out / "ckpt" / "save-a" / step_dir_name(every)
-    rows, text, blocking = history(a), (a / "training.log").read_text(), blocked_seconds(a)  # before the resume appends
+    rows, blocking = history(a), blocked_seconds(a)
+    write = re.search(rf"saved checkpoint \S+{step_dir_name(every)} \(([\d.]+) s\)", (a / "training.log").read_text())
+    write_s = float(write.group(1)) if write else None
     shards = [p for p in folder.glob("*.distcp")] if folder.is_dir() else []
     size = sum(p.stat().st_size for p in folder.iterdir()) if folder.is_dir() else 0
     staged = sum(p.stat().st_size for p in shards)
@@ -218,18 +246,30 @@ def stage_save(out: Path, cpu: bool, steps: int) -> None:
     for p in shards:
         crc32c_file(p)
     crc_s = time.monotonic() - start
-    # the resume's own end-of-run save (keep_last 1) rotates `folder` out: measured above
-    _, _, r = run_train(out, "save-a", cpu, [*common, "--save-every", str(10 * steps), "--resume", str(folder)])
-    write = re.search(rf"saved checkpoint \S+{step_dir_name(every)} \(([\d.]+) s\)", text)
-    quiet = [rows[s]["train/step_time_s"] for s in rows if s > 2 and s not in (every + 1, every + 2)]
-    busy = [rows[s]["train/step_time_s"] for s in (every + 1, every + 2) if s in rows]
-    record(out, "save", blocking_s=blocking, write_s=float(write.group(1)) if write else None,
-           write_gb_per_s=size / GB / float(write.group(1)) if write and float(write.group(1)) > 0 else None,
+    busy = steps_during_write(rows, every, blocking or 0.0, write_s or 0.0)
+    quiet = [rows[s]["train/step_time_s"] for s in rows if s > 2 and s != every + 1 and s not in busy]
+    ratio = statistics.median(rows[s]["train/step_time_s"] for s in busy) / statistics.median(quiet) \
+        if busy and quiet else None
+    record(out, "save", blocking_s=blocking, write_s=write_s,
+           write_gb_per_s=size / GB / write_s if write_s else None,
            crc32c_gb_per_s=staged / GB / crc_s if crc_s > 0 else None,
-           step_ratio_during_write=statistics.median(busy) / statistics.median(quiet) if busy and quiet else None,
-           staged_gb=staged / GB, checkpoint_gb=size / GB,
-           resume_max_dloss=max_dloss(history(r), straight, every),
-           noise_floor_max_dloss=max_dloss(rows, straight, 0))
+           step_ratio_during_write=ratio, steps_during_write=len(busy), staged_gb=staged / GB, checkpoint_gb=size / GB,
+           noise_floor_max_dloss=max_dloss(rows, straight, 0) if max(straight, default=0) == steps else None)
+    shutil.rmtree(out / "ckpt" / "save-a" / step_dir_name(steps), ignore_errors=True)  # the resume needs `every` only
+
+
+def stage_resume(out: Path, cpu: bool, steps: int) -> None:
+    """One run resumed from the save stage's mid-run checkpoint: its losses against the save stage's own."""
+    from utils.ckpt.format import step_dir_name
+
+    every = steps // 2
+    folder = out / "ckpt" / "save-a" / step_dir_name(every)
+    if not folder.is_dir():
+        raise SystemExit(f"error: {folder} is missing: run the save stage (same --out and --steps) first")
+    saved = history(out / "logs" / "save-a")  # read before the resume appends to the same run's history
+    ok, _, r = run_train(out, "save-a", cpu, ["--max-steps", str(steps), "--save-every", str(10 * steps),
+                                              "--resume", str(folder)])
+    record(out, "resume", ok=ok, resume_max_dloss=max_dloss(history(r), saved, every))
     shutil.rmtree(out / "ckpt", ignore_errors=True)
 
 
@@ -250,7 +290,8 @@ def stage_fsdp(out: Path, cpu: bool, steps: int) -> None:
     shutil.rmtree(out / "ckpt", ignore_errors=True)
 
 
-STAGES = {"env": stage_env, "kernels": stage_kernels, "train": stage_train, "save": stage_save, "fsdp": stage_fsdp}
+STAGES = {"env": stage_env, "kernels": stage_kernels, "train": stage_train, "save": stage_save,
+          "resume": stage_resume, "fsdp": stage_fsdp}
 
 
 def main(argv=None) -> int:
@@ -259,12 +300,19 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--cpu-smoke", action="store_true")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20 on a GPU, 6 on CPU)")
+    p.add_argument("--variant", choices=VARIANTS, default="base", help="the train stage's run (default base)")
     args = p.parse_args(argv)
+    args.out = args.out.resolve()  # the runs start in it: a relative path would point inside itself
     args.out.mkdir(parents=True, exist_ok=True)
     steps = args.steps or (6 if args.cpu_smoke else 20)  # 6: quiet steps on both sides of the mid-run save
     for name in STAGES if args.stage == "all" else [args.stage]:
         fn = STAGES[name]
-        fn(args.out, args.cpu_smoke) if name in ("env", "kernels") else fn(args.out, args.cpu_smoke, steps)
+        if name in ("env", "kernels"):
+            fn(args.out, args.cpu_smoke)
+        elif name == "train":
+            fn(args.out, args.cpu_smoke, steps, args.variant)
+        else:
+            fn(args.out, args.cpu_smoke, steps)
     return 0
 
 

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # The check for a lent GPU box (one H100, 16 cores, 128 GB RAM, 64 GB disk, 10 minutes per command, no network):
-# each stage is its own command of a few minutes; JSON lines go to OUT/results.jsonl, a readable row per line to
-# stdout. Run the stages in order, one command each:
+# each stage is its own command (one trimmed run of train.py at most: no best/ or final/, one eval batch at the end);
+# JSON lines go to OUT/results.jsonl, a readable row per line to stdout. Run the stages in order, one command each:
 #
 #   benchmarks/gpu_check.sh env     --out DIR   versions, GPU, free disk and RAM
-#   benchmarks/gpu_check.sh kernels --out DIR   bf16 GEMM TFLOP/s at production shapes, SDPA backend, pinned H2D GB/s
+#   benchmarks/gpu_check.sh kernels --out DIR   bf16 GEMM TFLOP/s at production shapes, the SDPA backend torch runs,
+#                                               device-to-pinned-host GB/s (a save's blocking copy)
 #   benchmarks/gpu_check.sh train   --out DIR   production on 1 GPU (bf16, compiled): first step, tok/s, MFU, memory,
-#                                               recompiles, graph breaks; then micro batch x2 and compile off
-#   benchmarks/gpu_check.sh save    --out DIR   one save (keep_last 1): blocking s, write/crc32c GB/s, step time while
-#                                               writing; resume vs a second straight run (the noise floor)
+#                                               recompiles, graph breaks (--variant micro_x2 | compile_off: another run)
+#   benchmarks/gpu_check.sh save    --out DIR   a save mid-run: blocking s, write/crc32c GB/s, step time during the
+#                                               write; losses vs the train stage's run (the noise floor)
+#   benchmarks/gpu_check.sh resume  --out DIR   resumes the save stage's checkpoint: losses vs the save stage's
 #   benchmarks/gpu_check.sh fsdp    --out DIR   FSDP2 (configs/accelerate/fsdp_production.yaml) on 1 GPU: save, resume
 #   benchmarks/gpu_check.sh all --cpu-smoke --out DIR   every stage on the CPU with a tiny model (the test suite's run)
 #
-# Options: --steps N (training steps per run). Wheels the box lacks (benchmarks/gpu_wheels.sh puts them in
-# .gpu-wheels/, carried to the box) are installed first into .gpu-site/ (no network needed).
+# Options: --steps N (training steps per run). google-crc32c, which the box lacks and every checkpoint needs, is
+# installed first from .gpu-wheels/ (benchmarks/gpu_wheels.sh, carried to the box) into .gpu-site/ (no network).
 set -euo pipefail
 
 die() { echo "error: $*" >&2; exit 2; }
@@ -21,13 +23,14 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=python3
 [ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"
 case "${1:-}" in
-  env|kernels|train|save|fsdp|all) ;;
-  -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) die "stage '${1:-}' is not one of: env, kernels, train, save, fsdp, all (see --help)" ;;
+  env|kernels|train|save|resume|fsdp|all) ;;
+  -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) die "stage '${1:-}' is not one of: env, kernels, train, save, resume, fsdp, all (see --help)" ;;
 esac
-if [ -d "$ROOT/.gpu-wheels" ] && ! "$PY" -c 'import google.cloud.storage, google_crc32c' 2>/dev/null; then
-  [ -d "$ROOT/.gpu-site" ] || "$PY" -m pip install --quiet --no-index --find-links "$ROOT/.gpu-wheels" \
-    --target "$ROOT/.gpu-site" google-cloud-storage google-crc32c || die "installing .gpu-wheels/ failed"
+# only google-crc32c goes into .gpu-site/ (first on the path): nothing there can shadow the box's own packages
+if [ -d "$ROOT/.gpu-wheels" ] && ! "$PY" -c 'import google_crc32c' 2>/dev/null; then
+  [ -d "$ROOT/.gpu-site" ] || "$PY" -m pip install --quiet --no-index --no-deps --find-links "$ROOT/.gpu-wheels" \
+    --target "$ROOT/.gpu-site" google-crc32c || die "installing google-crc32c from .gpu-wheels/ failed"
   export PYTHONPATH="$ROOT/.gpu-site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if [[ " $* " != *" --cpu-smoke "* ]]; then

@@ -77,7 +77,7 @@ def emulated(model_dir: Path, tokens: int) -> tuple[str, str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--presets", default="rp2040-speed,rp2040-optimized,pico-fast,rp2040-quality,pico-best")
+    ap.add_argument("--presets", default="rp2040-speed,rp2040-optimized,pico-fast,rp2040-quality,pico-best,pico-large")
     ap.add_argument("--out", type=Path, default=Path("/tmp/pico-tinystories"))
     ap.add_argument("--train", type=Path, default=TINYSTORIES / "tinystories_10k.txt")
     ap.add_argument("--val", type=Path, default=TINYSTORIES / "tinystories_val.txt")

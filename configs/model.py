@@ -194,6 +194,14 @@ PICO_FAST = ModelConfig(
 layer, 24 wide with two 12-dim heads and a 4x FFN, against rp2040-optimized's 8 wide, 3 layers and 32x FFN.
 Faster on the Pico than the other searched shapes and lower TinyStories val loss than the seed."""
 
+PICO_LARGE = ModelConfig(
+    vocab_size=1024, hidden_size=80, num_layers=2, num_heads=4, intermediate_size=224,
+    max_position_embeddings=64, rotary_pct=1.0, tie_word_embeddings=True,
+)
+"""~207K params (4.5x pico-best), widened as benchmarks/pico_search.py found pays best: 80 wide, two layers of
+four 20-dim heads, a 2.8x FFN. Its ~207 KB of int8 weights do not fit the Pico's heap next to the runtime, so
+layers and the head stream from flash each token; the asm_thumb kernels keep it above 10 tok/s (README)."""
+
 TEST = ModelConfig(
     hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512, max_position_embeddings=256,
 )
@@ -227,6 +235,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "rp2040-quality": RP2040_QUALITY,
     "pico-fast": PICO_FAST,
     "pico-best": PICO_BEST,
+    "pico-large": PICO_LARGE,
     "test": TEST,
     "small": SMALL,
     "production": PRODUCTION,

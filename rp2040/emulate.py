@@ -11,6 +11,7 @@ Emulation costs ~10 s of wall time per emulated second.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 from rp2040.bundle import check_model, model_files
 from rp2040.flash import board_files
 from rp2040.prompt import check_prompt, context_stop, model_config
-from rp2040.uf2 import check_uf2
+from rp2040.uf2 import FLASH_SIZE, check_uf2
 from utils.errors import CliParser, PiconeoxError, cli
 from utils.textfile import printable
 
@@ -109,6 +110,9 @@ def find_firmware(firmware: Path | None, bootrom: Path | None) -> tuple[Path, Pa
                             "(https://micropython.org/download/RPI_PICO/)")
     elif Path(firmware).suffix != ".bin":  # a raw flash image (.bin) has no header to check: the boot deadline
         check_uf2(Path(firmware))
+    elif Path(firmware).stat().st_size > FLASH_SIZE:
+        raise PiconeoxError(f"--firmware {firmware} ({Path(firmware).stat().st_size:,} bytes) does not fit the Pico's "
+                            f"{FLASH_SIZE >> 20} MiB of flash; give a RPI_PICO MicroPython .uf2")
     if bootrom is None:
         candidates = [Path(firmware).parent / BOOTROM, SHARED_PICO / BOOTROM]
         bootrom = next((c for c in candidates if c.is_file()), None)
@@ -210,7 +214,7 @@ def emulate(model_dir: Path, prompt: str = DEFAULT_PROMPT, tokens: int = DEFAULT
     try:
         summary = json.loads(stderr.splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
-        raise PiconeoxError(f"emulator failed: {stderr[-300:] or 'no output'}") from None
+        raise PiconeoxError(f"emulator failed: {node_error(stderr)}") from None
     if summary["status"] == "no_boot":
         raise PiconeoxError(f"the emulated Pico did not reach the MicroPython REPL within {BOOT_S:.0f} emulated "
                             f"seconds: is {firmware} a RPI_PICO MicroPython firmware? "
@@ -220,6 +224,13 @@ def emulate(model_dir: Path, prompt: str = DEFAULT_PROMPT, tokens: int = DEFAULT
         raise PiconeoxError(f"emulated Pico stopped ({summary['status']}): {tail[-300:]}")
     result.emulated_s, result.wall_s = summary["emu_ns"] / 1e9, summary["wall_s"]
     return result
+
+
+def node_error(stderr: str) -> str:
+    """The one line of a Node.js failure that says why (`RangeError: ...`), not its source excerpt and stack."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    found = next((line for line in lines if re.match(r"^[A-Za-z]*Error\b", line)), lines[-1] if lines else "no output")
+    return printable(found)[:300]
 
 
 def host_ids(model_dir: Path, prompt_ids: list[int], tokens: int) -> list[int]:

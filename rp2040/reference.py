@@ -250,12 +250,14 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
     import torch
     from tokenizers import Tokenizer
 
+    from rp2040.bundle import check_model
     from utils.ckpt.load import load_model
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
     checkpoint = Path(checkpoint or config["source"])
     if not (checkpoint / "tokenizer.json").is_file():
         raise PiconeoxError(f"{checkpoint} has no tokenizer.json; pass --checkpoint, the folder the model came from")
+    check_model(Path(model_dir) / "model.bin")  # a header that lies is one line, not a division by zero
     ref = ReferenceModel(Path(model_dir) / "model.bin")
     ids = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(text, add_special_tokens=False).ids
     ids = ids[:max_tokens + 1]

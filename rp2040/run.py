@@ -11,7 +11,7 @@ import math
 import sys
 from pathlib import Path
 
-from rp2040.bundle import model_files
+from rp2040.bundle import check_model, model_files
 from rp2040.prompt import check_prompt, context_stop, model_config
 from rp2040.runtime.generate import prompt_ids, run_session
 from rp2040.runtime.modelfile import FormatError
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="read each layer from the file per token, as a board short of RAM does")
     args = ap.parse_args(argv)
     try:
-        model_files(args.model_dir)
+        check_model(model_files(args.model_dir)["/model/model.bin"])  # a lying header is one line, before any work
         config = model_config(args.model_dir)
         check_prompt(config, args.prompt)
         if args.max_new_tokens is not None and args.max_new_tokens < 1:

@@ -6,7 +6,8 @@ A ~100M-parameter GPT-NeoX is built as train.py builds it, sharded with FSDP2 (o
 trained one step (so AdamW has its states), saved like a checkpoint through the saver thread and loaded back.
 Each rank prints one JSON line: the resident memory its model build took, the bytes it staged for the save, the
 peak extra resident memory of the save and of the load (VmHWM after a reset through /proc/self/clear_refs),
-whether the staged copy was freed once written, and the sizes to compare them with.
+whether the saver thread let the staged snapshot go once written (its buffers stay for the next save: Stager in
+utils/ckpt/state.py), and the sizes to compare them with.
 """
 import json
 import sys

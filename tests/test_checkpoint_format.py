@@ -97,6 +97,7 @@ def test_gpu_rng_of_a_bigger_box_restores_on_a_smaller_one(monkeypatch):
     """Saved on GPU 5 of an 8-GPU box, resumed on a 1-GPU box: only this rank's own device state travels."""
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a GPU run: its model is on the GPU
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.full((16,), 5, dtype=torch.uint8))
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [torch.full((16,), i, dtype=torch.uint8)
@@ -126,3 +127,23 @@ def test_a_grace_period_too_short_for_a_save_is_said_at_start_up(tmp_path, tiny_
     log = (tmp_path / "logs" / "run" / "training.log").read_text()
     assert code == 0 and "--grace-seconds 0.0001 cannot hold a save of" in log
     assert "the bucket keeps the last checkpoint whose upload finished" in log
+
+
+def test_staging_buffers_are_kept_for_the_run_and_never_overwrite_a_snapshot_still_being_written():
+    """A save copies into the buffers of the previous one once that snapshot is written (no allocating and
+    pinning the whole share at every save); while it is still being written, the new save gets its own."""
+    stager = ckpt_state.Stager()
+    weights = torch.zeros(1000)
+    first = stager.stage({"model": {"w": weights}})
+    kept = first["model"]["w"]  # its buffer, outliving the snapshot (only to see where the next save lands)
+    del first  # written: the saver thread let it go
+    weights += 1
+    second = stager.stage({"model": {"w": weights}})
+    assert second["model"]["w"].data_ptr() == kept.data_ptr() and kept[0] == 1  # the same buffer, refilled
+    weights += 1
+    third = stager.stage({"model": {"w": weights}})  # `second` is still being written
+    assert third["model"]["w"].data_ptr() != kept.data_ptr()
+    assert second["model"]["w"][0] == 1 and third["model"]["w"][0] == 2  # untouched by the newer save
+    del second, third
+    stager.stage({"model": {"w": weights}})
+    assert len(stager._sets) == 1  # the extra set made while a write lagged is freed once idle

@@ -142,17 +142,33 @@ def test_multi_node_flags_pass_through_and_count_all_processes():
 
 
 def test_multi_node_gloo_binds_to_the_interface_that_reaches_rank_0(monkeypatch):
-    """Without GLOO_SOCKET_IFNAME gloo binds to the hostname's address (often 127.0.1.1): unreachable from elsewhere."""
-    args = ("--config", "production", "--gpus", "8", "--num-machines", "2", "--machine-rank", "1",
-            "--main-process-ip", "127.0.0.1")
+    """Without GLOO_SOCKET_IFNAME gloo binds to the hostname's address (often 127.0.1.1): unreachable from elsewhere.
+    Machine 0 binds to the interface holding --main-process-ip; `lo` is never chosen for several machines."""
+    from utils.run.network import interface_addresses
+
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    envs, _, _ = launched(*args, fake_gpus=8)
-    assert envs["GLOO_SOCKET_IFNAME"] == "lo"  # the route to 127.0.0.1
+    multi = ("--config", "production", "--gpus", "8", "--num-machines", "2", "--main-process-ip")
+    for name, addr in interface_addresses().items():
+        envs, _, _ = launched(*multi, addr, "--machine-rank", "0", fake_gpus=8)
+        assert envs.get("GLOO_SOCKET_IFNAME") == (None if name == "lo" else name), (name, addr)
+    envs, _, _ = launched(*multi, "127.0.0.1", "--machine-rank", "1", fake_gpus=8)
+    assert "GLOO_SOCKET_IFNAME" not in envs  # every machine on this host (a test): gloo's default reaches them
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")  # the user's choice stays (inherited, not overridden)
-    envs, _, _ = launched(*args, fake_gpus=8)
+    envs, _, _ = launched(*multi, "localhost", "--machine-rank", "0", fake_gpus=8)
     assert "GLOO_SOCKET_IFNAME" not in envs
     envs, _, _ = launched("--config", "production", "--gpus", "8", fake_gpus=8)
     assert "GLOO_SOCKET_IFNAME" not in envs  # one machine: gloo stays on its default
+
+
+def test_a_main_process_name_that_resolves_to_loopback_here_is_refused(monkeypatch):
+    """Machine 0's own name often maps to 127.0.1.1 in /etc/hosts: its gloo ranks would advertise loopback and the
+    other machines' first gloo group would wait an hour. One line, before anything starts."""
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    result = dry_run("--config", "production", "--gpus", "8", "--num-machines", "2", "--machine-rank", "0",
+                     "--main-process-ip", "localhost", fake_gpus=8)
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(
+        "error: --main-process-ip localhost resolves to 127.0.0.1 (loopback) on this machine"), result.stderr
 
 
 def test_accelerate_config_file_decides_the_distributed_type():
@@ -329,5 +345,5 @@ def test_gpu_check_without_a_stage_is_one_line():
     proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.startswith("error: stage '' is not one of: env, kernels, train, save, fsdp, all")
+    assert proc.stderr.startswith("error: stage '' is not one of: env, kernels, train, save, resume, fsdp, all")
     assert len(proc.stderr.splitlines()) == 1

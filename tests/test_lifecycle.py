@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import termios
@@ -105,6 +106,41 @@ def test_of_eight_processes_that_take_one_lock_at_once_exactly_one_wins(tmp_path
     assert sorted(codes) == [0] + [2] * 7
     winner = racers[codes.index(0)].pid
     assert [h["pid"] for h in lock_holders_at(tmp_path / ".locks" / "r.lock")] == [winner]
+
+
+def test_the_lock_flocks_a_regular_file_open_for_writing_as_nfs_needs(tmp_path, monkeypatch):
+    """NFS emulates flock with byte-range locks: a directory, or a file open read-only, fails there (EBADF)."""
+    locked, real_flock = [], fcntl.flock
+
+    def flock(fd, op):
+        locked.append((os.fstat(fd).st_mode, fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE))
+        return real_flock(fd, op)
+    monkeypatch.setattr(fcntl, "flock", flock)
+    with runlock.holding(tmp_path, "r", "train.py"):
+        pass
+    assert locked and all(stat.S_ISREG(mode) and access == os.O_RDWR for mode, access in locked), locked
+    assert not (tmp_path / ".locks").exists()  # the guard file goes with the last lock
+
+
+NO_LOCKS = "import errno, fcntl, sys\nfrom utils.run import runlock\n" \
+           "def flock(fd, op):\n    raise OSError(getattr(errno, sys.argv[2]), 'No locks available')\n" \
+           "fcntl.flock = flock\npath = runlock.lock_path(sys.argv[1], 'r')\ntry:\n" \
+           "    runlock.hold(path, 'r', 'train.py')\nexcept runlock.RunLocked:\n    print('refused')\n" \
+           "path.unlink()\nwith runlock.holding(sys.argv[1], 'r', 'train.py'):\n    print('held')\n"
+
+
+@pytest.mark.parametrize("code", ["ENOLCK", "EBADF", "ENOSYS", "EOPNOTSUPP"])
+def test_a_filesystem_without_locks_gets_one_warning_line_and_the_run_goes_on(tmp_path, code):
+    """flock failing the NFS (ENOLCK, EBADF) or Lustre (ENOSYS) way: no traceback, the lock file still works."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PICONEOX_") and k != "TORCHELASTIC_RUN_ID"}
+    runlock.lock_path(tmp_path, "r").parent.mkdir()
+    runlock._write(runlock.lock_path(tmp_path, "r"), [runlock.Holder.of(os.getpid(), "train.py")])  # a live run
+    done = subprocess.run([sys.executable, "-c", NO_LOCKS, str(tmp_path), code], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "refused\nheld\n", done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"warning: {tmp_path / '.locks'} has no file "
+                                                                   "locks ("), done.stderr
+    assert not (tmp_path / ".locks").exists()
 
 
 def lock_holders_at(path: Path) -> list[dict]:
@@ -237,5 +273,5 @@ def test_a_process_bound_to_its_launcher_gets_sigterm_when_the_launcher_is_kille
     launcher.kill()
     launcher.wait()
     wait_for("the bound process to end", lambda: not alive(child), timeout=5)
-    late = subprocess.run([sys.executable, str(REPO / "utils" / "lifeline.py"), "1", "sleep", "60"], timeout=10)
+    late = subprocess.run([sys.executable, str(REPO / "utils" / "run" / "lifeline.py"), "1", "sleep", "60"], timeout=10)
     assert late.returncode == -signal.SIGTERM  # its launcher was already gone: it stops at once

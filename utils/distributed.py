@@ -213,39 +213,18 @@ def weights_come_from_rank0(accelerator) -> bool:
     return bool(plugin and plugin.cpu_ram_efficient_loading and not accelerator.is_main_process)
 
 
-def route_interface(host: str) -> str | None:
-    """The network interface whose IPv4 route reaches `host` ('lo' for loopback), or None when unknown.
-
-    Multi-machine gloo groups (the savers', the stop vote's) bind to the address the hostname resolves to, often
-    127.0.1.1 from /etc/hosts, which no other machine can reach: GLOO_SOCKET_IFNAME names this interface instead.
-    """
-    import ipaddress
-    import socket
-    from pathlib import Path
-
-    try:
-        addr = ipaddress.IPv4Address(socket.gethostbyname(host))
-        table = Path("/proc/net/route").read_text().splitlines()[1:]
-    except (OSError, ValueError):
-        return None
-    if addr.is_loopback:
-        return "lo"
-    best = None  # (prefix bits, interface): the longest matching prefix wins, as in the kernel
-    for line in table:
-        fields = line.split()
-        dest, mask = (int.from_bytes(bytes.fromhex(x), "little") for x in (fields[1], fields[7]))
-        if int(addr) & mask == dest and (best is None or mask.bit_count() > best[0]):
-            best = (mask.bit_count(), fields[0])
-    return best[1] if best else None
-
-
-def compile_layers(model) -> None:
+def compile_layers(model, backend: str | object = "inductor") -> None:
     """Compile each GPT-NeoX decoder layer in place (torchtitan's regional compile), for DDP.
 
     Compiled whole, a DDP model's graph is split at every 25 MiB gradient bucket (70-200 subgraphs at 1.2B, each
     compiled on every (re)start of every rank). One layer is one graph that every layer reuses, and DDP's hooks
-    overlap the all-reduce with it as in eager mode. In place: the module tree and its saved keys stay as they are
-    (no `_orig_mod.`).
+    overlap the all-reduce with it as in eager mode: a layer's gradients are ready together at the end of its
+    backward, while the next layer's backward runs. Dynamo's DDP optimizer would still split each layer at the
+    buckets (a 1.2B layer is 200 MB: 8 graphs), so it is off. In place: the module tree and its saved keys stay
+    as they are (no `_orig_mod.`).
     """
+    import torch._dynamo
+
+    torch._dynamo.config.optimize_ddp = False
     for layer in model.gpt_neox.layers:
-        layer.compile()
+        layer.compile(backend=backend)

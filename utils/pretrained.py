@@ -81,10 +81,14 @@ def open_pretrained(path: str | Path) -> Pretrained:
     """Check an --init-from folder without loading weights; every problem is one PiconeoxError line."""
     from tokenizers import Tokenizer
 
+    from utils.ckpt.format import foreign_entry
+
     path = Path(path)
     if not path.is_dir():
         raise PiconeoxError(f"--init-from {path}: no such folder (give a Hugging Face GPT-NeoX checkpoint folder, "
                             "e.g. a downloaded Pythia model or checkpoints/<run>/final)")
+    if reason := foreign_entry(path):  # a link or FIFO inside: nothing outside the folder is read
+        raise PiconeoxError(f"--init-from {reason}")
     if not (path / "config.json").is_file():
         raise PiconeoxError(f"--init-from {path}: no config.json; not a Hugging Face checkpoint folder")
     hf = gpt_neox_config(path, "--init-from ")  # GPT-NeoX, no auto_map, sane sizes

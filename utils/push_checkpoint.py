@@ -39,7 +39,8 @@ def push(run_dir: Path, bucket_root: str, credentials: str | None) -> str:
             return f"{target} was already there, verified"
         raise PiconeoxError(f"{target} has a COMPLETE marker but a file that does not match it; delete that folder "
                             "from the bucket, then run this again")
-    summary = upload_tree(newest, bucket.child(newest.name), last=MARKER)
+    # the files the verified marker lists, nothing else: an unlisted file (or link) in the folder stays here
+    summary = upload_tree(newest, bucket.child(newest.name), last=MARKER, only=set(read_marker(newest)["files"]))
     if summary.failed:
         raise UploadIncomplete(f"{summary.failed} file(s) of {newest} did not reach {target}; "
                                f"first: {summary.errors[0]}")

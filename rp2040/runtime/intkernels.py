@@ -1,7 +1,8 @@
-"""Integer kernels of the int8 forward pass and sampler: the plain-Python twin of kernels_native.py.
+"""Integer kernels of the int8 forward pass and sampler: the plain-Python twin of kernels_native.py (viper)
+and matvec_native.py (asm_thumb).
 
-Both compute rp2040/FORMAT.md's integer arithmetic (spec: rp2040/reference.py), so they give the same
-integers. On the RP2040 the viper versions replace these (see the import at the end); CPython and the
+All compute rp2040/FORMAT.md's integer arithmetic (spec: rp2040/reference.py), so they give the same
+integers. On the RP2040 the native versions replace these (see the import at the end); CPython and the
 WebAssembly port, which has no native emitter, run these. Arrays are preallocated `array`s: "i" int32
 activations and P values, "b" int8 weights, "h" int16 KV cache, "b" per-row cache shifts.
 """
@@ -226,7 +227,8 @@ def draw(z, n, top, tau, inv_t, t, e_off, rng):
 
 
 try:
-    from .kernels_native import (argmax, attend, draw, gelu, kth_largest, layernorm, matvec,  # noqa: F811
+    from .kernels_native import (argmax, attend, draw, gelu, kth_largest, layernorm,  # noqa: F811
                                  quantize, rotate, store16)
+    from .matvec_native import matvec  # noqa: F811
 except (ImportError, SyntaxError):
     pass  # CPython, or a port without native emitters (WebAssembly): keep the plain loops

@@ -2,8 +2,8 @@
 
 Imported under try/except by intkernels.py: CPython has no `micropython` module and the WebAssembly
 port rejects viper at compile time; both keep the plain-Python twins, which compute the same ints.
-Everything here is 32-bit machine words. ptr8/ptr16 read unsigned, so int8 weights and the int16
-cache are sign-extended by hand; products that could pass 32 bits are split (see matvec).
+Everything here is 32-bit machine words. ptr8/ptr16 read unsigned, so the int16 cache is sign-extended
+by hand. The int8 matrix-vector product, most of a token's cycles, is in matvec_native.py.
 """
 import micropython
 
@@ -30,44 +30,6 @@ def quantize(dst: ptr32, d_off: int, src: ptr32, off: int, n: int, limit: int) -
 def store16(dst: ptr16, d_off: int, src: ptr32, n: int):  # noqa: F821
     for i in range(n):
         dst[d_off + i] = src[i]
-
-
-@micropython.viper
-def matvec(out: ptr32, w: ptr8, w_off: int, xq: ptr32, n_out: int, n_in: int, p: ptr32, m_off: int,  # noqa: F821
-           shift: int, b_off: int):
-    pw = uint(w) + w_off  # walking addresses, four products per step: half the cycles of indexing
-    n4 = (n_in >> 2) << 2
-    for o in range(n_out):
-        acc = 0
-        px = uint(xq)
-        end = pw + n4
-        while pw < end:
-            a = ptr8(pw)  # noqa: F821
-            b = ptr32(px)  # noqa: F821
-            acc += (((a[0] ^ 128) - 128) * b[0] + ((a[1] ^ 128) - 128) * b[1]
-                    + ((a[2] ^ 128) - 128) * b[2] + ((a[3] ^ 128) - 128) * b[3])
-            pw += 4
-            px += 16
-        end += n_in - n4
-        while pw < end:
-            a = ptr8(pw)  # noqa: F821
-            b = ptr32(px)  # noqa: F821
-            acc += ((a[0] ^ 128) - 128) * b[0]
-            pw += 1
-            px += 4
-        # floor(acc * m / 2**shift) in 32 bits: acc = hi * 2**15 + lo, |hi * m| and lo * m < 2**30
-        m = p[m_off + o]
-        hi = acc >> 15
-        lo = (acc & 32767) * m
-        if shift >= 15:
-            y = (hi * m + (lo >> 15)) >> (shift - 15)
-        elif shift >= 0:
-            y = ((hi * m) << (15 - shift)) + (lo >> shift)
-        else:
-            y = ((hi * m) << (15 - shift)) + (lo << (0 - shift))
-        if b_off >= 0:
-            y += p[b_off + o]
-        out[o] = y
 
 
 @micropython.viper

@@ -17,6 +17,7 @@ except ImportError:
 MAGIC = b"PNXV"
 VERSION = 1
 HEADER_SIZE = 32
+HEADER_FORMAT = "<4sHBBIIiiI"  # magic, version, kind, flags, vocab, merges, eos, unk, token bytes
 KINDS = ("byte", "char", "bpe")
 FLAG_PREFIX_SPACE = 1
 FLAG_SPLIT = 2  # GPT-2 pre-tokenizer split (ByteLevel use_regex)
@@ -31,7 +32,7 @@ class Tokenizer:
         if data[:4] != MAGIC:
             raise FormatError("not a piconeox vocab.bin (bad magic)")
         (_, version, kind, flags, self.vocab, n_merges, self.eos, self.unk,
-         n_bytes) = struct.unpack_from("<4sHBBIIiiI", data, 0)
+         n_bytes) = struct.unpack_from(HEADER_FORMAT, data, 0)
         if version != VERSION:
             raise FormatError("vocab.bin is version %d; this runtime reads version %d" % (version, VERSION))
         if crc32 is not None and crc32(memoryview(data)[:-4]) & 0xFFFFFFFF != struct.unpack_from("<I", data, len(data) - 4)[0]:

@@ -16,6 +16,8 @@ loads them. Any step folder can be consolidated later with `python -m utils.cons
 
 A folder counts only when COMPLETE exists and every file it lists has the recorded size; loading for a resume
 (and utils.generate, rp2040.export) also checks each file's crc32c, so same-size corruption is caught too.
+Every name the marker lists is a plain file name of the folder (no '/', '..', control characters) and each such
+file is a regular file, never a symbolic link: nothing a load reads lies outside the folder (`marker_name`).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from pathlib import Path
 from utils.atomic import atomic_write_json
 from utils.crc import crc32c_file
 from utils.errors import PiconeoxError
+from utils.storage.base import no_link_below, safe_relpath
 
 MARKER = "COMPLETE"
 STEP_RE = re.compile(r"^step-(\d{8})$")
@@ -55,6 +58,8 @@ def write_marker(folder: Path, step: int, world_size: int, files: dict[str, dict
 def read_marker(folder: Path) -> dict | None:
     """The parsed COMPLETE marker of `folder`, or None when it is missing, unreadable, or lists a file without
     its size and crc32c (an older piconeox format)."""
+    if (Path(folder) / MARKER).is_symlink():  # never read through a link (check_complete says why)
+        return None
     try:
         marker = json.loads((Path(folder) / MARKER).read_text())
         files = marker.get("files")
@@ -66,11 +71,42 @@ def read_marker(folder: Path) -> dict | None:
     return marker
 
 
+def marker_name(name: str) -> str:
+    """`name` when it may stand in a marker (a plain file name: the checkpoint folder is flat), else one line."""
+    if "/" in safe_relpath(name):
+        raise PiconeoxError(f"refusing file name {name!r}: a checkpoint's files are plain names, without '/'")
+    return name
+
+
+def regular_file(folder: Path, name: str) -> Path:
+    """`folder/name` for a marker name that is a regular file there (not a link, FIFO or folder); else one line."""
+    path = no_link_below(folder, marker_name(name))
+    if path.exists() and not path.is_file():
+        raise PiconeoxError(f"{path} is not a regular file: a checkpoint holds regular files only")
+    return path
+
+
+def foreign_entry(folder: Path) -> str | None:
+    """Why `folder` is not a folder of regular files (it holds a link, a FIFO, a device or a socket), or None:
+    whatever reads a checkpoint folder (transformers included) then reads nothing outside it and never blocks."""
+    for path in sorted(Path(folder).iterdir()):
+        if path.is_symlink() or not (path.is_file() or path.is_dir()):
+            kind = "a symbolic link" if path.is_symlink() else "not a regular file"
+            return (f"{path} is {kind}: a checkpoint folder holds regular files only, never links (copy the file "
+                    "in instead)")
+    return None
+
+
 def check_files(folder: Path, files: dict[str, dict], verify: bool = True) -> str | None:
-    """None when every file of a marker's list is in `folder` with its size (and crc32c when `verify`)."""
+    """None when every file of a marker's list is in `folder` with its size (and crc32c when `verify`): a plain
+    name of a regular file, never a link, so nothing outside `folder` is stat'ed or read."""
     folder = Path(folder)
+    try:
+        paths = {name: regular_file(folder, name) for name in files}
+    except PiconeoxError as e:
+        return f"{folder}/{MARKER} is refused: {e}"
     for name, want in files.items():
-        path = folder / name
+        path = paths[name]
         if not path.is_file():
             return f"{folder} is damaged: {name} is missing"
         if path.stat().st_size != want["size"]:
@@ -85,6 +121,8 @@ def check_complete(folder: Path, verify: bool = False) -> str | None:
     folder = Path(folder)
     if not (folder / MARKER).is_file():
         return f"{folder} has no {MARKER} marker (an interrupted save)"
+    if reason := foreign_entry(folder):
+        return reason
     marker = read_marker(folder)
     if marker is None:
         return f"{folder}/{MARKER} is unreadable (or from an older piconeox format)"
@@ -96,7 +134,9 @@ def step_folders(run_dir: Path) -> list[tuple[int, Path]]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := STEP_RE.match(p.name))]
+    # A link named like a step folder is no step folder: never read from, written to or removed through.
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir()
+             if p.is_dir() and not p.is_symlink() and (m := STEP_RE.match(p.name))]
     return sorted(found)
 
 
@@ -173,6 +213,8 @@ def find_checkpoint(path: str | Path, *, resume: bool = False, flag: str = "", w
         reason = check_complete(path, verify=resume)
         if reason:
             raise PiconeoxError(f"{flag}{reason}")
+    if reason := foreign_entry(path):  # a from_pretrained folder without a marker too
+        raise PiconeoxError(f"{flag}{reason}")
     if resume and not (path / DCP_INDEX).exists():
         raise PiconeoxError(f"{flag}{path}: a weights-only checkpoint (best/); resume from a step-XXXXXXXX "
                             "or final/ folder, or load these weights with utils.generate / rp2040.export")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from utils.ckpt.format import DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, rng_name
+from utils.ckpt.format import DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, foreign_entry, rng_name
 from utils.ckpt.state import sharded_state
 from utils.errors import PiconeoxError, first_line
 
@@ -139,6 +139,8 @@ def load_model(folder: Path):
     folder = Path(folder)
     if (folder / MARKER).exists():
         checked(folder)
+    elif reason := foreign_entry(folder):
+        raise PiconeoxError(reason)
     try:
         config = checked_config(folder)  # GPT-NeoX, no code, sizes those of the weights: before anything is built
         if (folder / WEIGHTS_FILE).is_file():

@@ -103,6 +103,7 @@ class SafeFileSystemReader(FileSystemReader):
             raise PiconeoxError(f"{path}: not a checkpoint index (holds a {type(metadata).__name__})")
         if why := index_problem(metadata):
             raise PiconeoxError(f"{path}: not a checkpoint index piconeox wrote: {why}")
+        check_storage(Path(self.path), metadata, path)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -170,6 +171,30 @@ def index_problem(metadata) -> str | None:
     if any(getattr(info, "transform_descriptors", None) for info in metadata.storage_data.values()):
         return "a storage record needs a transform (compression); piconeox writes none"
     return None
+
+
+def check_storage(folder: Path, metadata, path) -> None:
+    """Every file the index `path` points into is a plain name of a regular file in `folder`, listed in the folder's
+    COMPLETE marker (when it has one), and every slice lies within that file: a load reads nothing else."""
+    from utils.ckpt.format import read_marker, regular_file
+
+    marker = read_marker(folder)
+    sizes: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        name, offset, length = (getattr(info, key, None) for key in ("relative_path", "offset", "length"))
+        try:
+            file = regular_file(folder, name)
+        except PiconeoxError as e:
+            raise UnsafeCheckpoint(f"{path}: refused to load: it points at {name!r} ({e})") from None
+        if marker is not None and name not in marker["files"]:
+            raise UnsafeCheckpoint(f"{path}: refused to load: it points at {name}, which its {folder / 'COMPLETE'} "
+                                   "marker does not list (every file a load reads is listed there)")
+        if name not in sizes:
+            sizes[name] = file.stat().st_size if file.is_file() else -1
+        if not (type(offset) is type(length) is int and 0 <= offset and 0 <= length
+                and offset + length <= sizes[name]):
+            raise PiconeoxError(f"{path}: not a readable checkpoint index: it reads {length!r} bytes at {offset!r} "
+                                f"of {name}, which has {max(sizes[name], 0)} bytes")
 
 
 def weights_only_load(source, path, allow=(), item: str = "", mmap: bool = False):

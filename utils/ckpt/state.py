@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,9 +20,10 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 def rng_state() -> dict:
     """This process's RNG: Python, NumPy, torch CPU and only the GPU this rank uses (a box with fewer GPUs
-    must still resume: one state per visible GPU would not fit there)."""
+    must still resume: one state per visible GPU would not fit there). The GPU's only when this process runs on
+    CUDA already (a GPU run has its model there): a CPU run on a GPU box must not open a CUDA context."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()  # the current device
     return state
 
@@ -75,7 +77,7 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
+    if "cuda" in state and torch.cuda.is_initialized():
         torch.cuda.set_rng_state(state["cuda"])  # onto the current device, whatever its index was when saved
 
 
@@ -158,17 +160,55 @@ def own_share(state: dict, rank: int, world_size: int) -> dict:
     return keep(state, ())
 
 
-def stage(state: dict) -> dict:
-    """A CPU copy of `state` (DTensor shards stay shards); pinned memory on CUDA for a fast copy off the GPU."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+class StagedState(dict):
+    """A staged {"model", "optim"}: a dict the Stager can hold a weak reference to (plain dicts take none)."""
 
-    cuda = torch.cuda.is_available()
-    stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
-                                          use_non_blocking_copy=cuda))
-    try:
-        return stager.stage(state)
-    finally:
-        stager.close()
+
+@dataclass
+class _Buffers:
+    stager: object  # torch's DefaultStager: its cache maps each source storage to its CPU copy
+    cuda: bool
+    staged: weakref.ref | None = None  # the snapshot these buffers back now; dead once it is written
+
+    def idle(self) -> bool:
+        return self.staged is None or self.staged() is None
+
+
+class Stager:
+    """Staging buffers kept for the run, as torchtitan keeps its own: the first save allocates (and on CUDA pins)
+    a CPU copy of this rank's share; every later save copies into the same buffers instead of allocating,
+    page-faulting and pinning it all again. A set is reused once the snapshot it backs is gone (written); while an
+    older one is still being written a second set is made, and sets found idle beside the one reused are freed,
+    so one set (checkpoint / world_size bytes: 2.1 GB per rank for the 1.2B preset on 8 GPUs) stays between saves.
+    Buffers follow the tensors they copy: a source storage that is freed takes its copy with it."""
+
+    def __init__(self):
+        self._sets: list[_Buffers] = []
+
+    def stage(self, state: dict) -> StagedState:
+        """A CPU copy of `state` (DTensor shards stay shards); pinned memory when `state` is on a CUDA device."""
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        cuda = any(t.device.type == "cuda" for _, t in tensor_leaves(state))
+        use = next((b for b in self._sets if b.cuda == cuda and b.idle()), None)
+        for extra in [b for b in self._sets if b is not use and b.idle()]:
+            extra.stager.close()
+            self._sets.remove(extra)
+        if use is None:
+            use = _Buffers(DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=cuda)), cuda)
+            self._sets.append(use)
+        staged = StagedState(use.stager.stage(state))
+        use.staged = weakref.ref(staged)
+        return staged
+
+
+_stager = Stager()  # one run per process: its buffers live as long as the model and optimizer they copy
+
+
+def stage(state: dict) -> StagedState:
+    """A CPU copy of `state` in this process's kept staging buffers (see Stager)."""
+    return _stager.stage(state)
 
 
 def staged_share(model, optimizer, rank: int, world_size: int) -> dict:

@@ -58,7 +58,7 @@ def upload_report(bucket: Storage, run_dir: Path) -> UploadReport:
 
 def finish_command(run_dir: Path, bucket_root: str, credentials: str | None) -> str:
     """The command that uploads the run's newest checkpoint later (utils/push_checkpoint.py), from any folder."""
-    script = Path(__file__).resolve().parent / "push_checkpoint.py"
+    script = Path(__file__).resolve().parent.parent / "push_checkpoint.py"
     words = [sys.executable, str(script), str(Path(run_dir).resolve()), "--checkpoint-bucket", bucket_root]
     return shlex.join(words + (["--credentials", credentials] if credentials else []))
 

@@ -105,7 +105,8 @@ class CheckpointUploader:
             raise PiconeoxError(f"--max-upload-failures {max_failures}: must be at least 1")
 
     def __init__(self, store: Storage | None, *, keep_remote: int = 3, keep_local: int = 3, max_failures: int = 3,
-                 background: bool = True, progress: bool = True, group=None, rank: int = 0, rotate_local: bool = True):
+                 background: bool = True, progress: bool = True, group=None, rank: int = 0, rotate_local: bool = True,
+                 device: torch.device | None = None):
         self.check_settings(store is not None, keep_remote, max_failures)
         self.store, self.group, self.rank, self.max_failures = store, group, rank, max_failures
         self._cancel = threading.Event()
@@ -121,7 +122,9 @@ class CheckpointUploader:
         self._results: list[SaveResult] = []
         self._closed = False
         self._thread = None
-        self._cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None  # for the thread
+        # the run's GPU, for the thread; None on a CPU run, even on a GPU box (asking torch would open a context)
+        cuda = device is not None and device.type == "cuda"
+        self._cuda_device = (torch.cuda.current_device() if device.index is None else device.index) if cuda else None
         if background:
             # Non-daemon: an interpreter exit waits for the upload instead of killing it half-way.
             self._thread = threading.Thread(target=self._run, name="checkpoint-uploader", daemon=False)
@@ -255,7 +258,7 @@ class CheckpointUploader:
                 self._in_flight = request
                 self._cond.notify_all()  # a submit() may be waiting for this slot
             result = self._persist(request)
-            del request  # the staged snapshot (pinned memory on CUDA) goes now, not when the next save arrives
+            del request  # the staged snapshot goes now: its buffers (Stager) can take the next save, no second set
             with self._cond:
                 self._results.append(result)
                 self._in_flight = None
@@ -297,4 +300,5 @@ def open_uploader(settings, keep_last: int, name: str, accelerator) -> Checkpoin
                               # a save may wait on another rank's slow upload: the start-up collective timeout (which
                               # also covers a synchronous save) bounds it, so a dead rank fails the save
                               group=cpu_group(timedelta(minutes=s.collective_timeout_minutes)),
-                              rank=accelerator.process_index, rotate_local=accelerator.is_local_main_process)
+                              rank=accelerator.process_index, rotate_local=accelerator.is_local_main_process,
+                              device=accelerator.device)

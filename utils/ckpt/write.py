@@ -6,7 +6,6 @@ folders; a temporary folder swapped into place for best/ and final/.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 from pathlib import Path
@@ -15,8 +14,8 @@ from typing import Iterator
 import torch
 
 from utils.atomic import atomic_write_json
-from utils.ckpt.format import (DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, manifest, read_marker, rng_name,
-                               write_marker)
+from utils.ckpt.format import (DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, manifest, read_marker, regular_file,
+                               rng_name, write_marker)
 from utils.ckpt.load import checked, read_weights
 from utils.ckpt.state import Snapshot, rng_to_json
 from utils.errors import PiconeoxError
@@ -31,7 +30,9 @@ def write_shards(snap: Snapshot, folder: Path, group=None) -> list[str]:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    dcp.save(snap.state, storage_writer=dcp.FileSystemWriter(folder), process_group=group,
+    # per_thread_copy_ahead=0: the state is staged on the CPU already; DCP's default "copy ahead from the GPU"
+    # loader asks torch.cuda for a stream whenever a GPU is visible, opening a context on a CPU run's GPU 0
+    dcp.save(snap.state, storage_writer=dcp.FileSystemWriter(folder, per_thread_copy_ahead=0), process_group=group,
              no_dist=snap.world_size == 1)
     atomic_write_json(folder / rng_name(snap.rank), rng_to_json(snap.rng))  # no pickle: a load builds no objects
     names = sorted(p.name for p in folder.glob(f"__{snap.rank}_*.distcp")) + [rng_name(snap.rank)]
@@ -71,7 +72,10 @@ def save_pretrained_weights(hf_config, weights: dict, folder: Path) -> None:
 
 
 def prepare_step_folder(folder: Path) -> None:
-    """Remove what an interrupted earlier save of this step left (it is not complete, or is being replaced)."""
+    """Remove what an interrupted earlier save of this step left (it is not complete, or is being replaced); a
+    link in its place is removed, never written through: the checkpoint stays inside the run folder."""
+    if Path(folder).is_symlink():
+        Path(folder).unlink()
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -80,7 +84,8 @@ def link_copy(src: Path, folder: Path, extra: Path | None = None) -> Path:
 
     `extra`: a folder whose files are added (the consolidated weights), overriding files of the same name.
     """
-    sources = {p.name: p for p in Path(src).iterdir() if p.is_file() and p.name != MARKER}
+    marker = read_marker(src)  # only what the (checked) marker lists: never an unlisted file or a link
+    sources = {name: regular_file(Path(src), name) for name in marker["files"]}
     if extra is not None:
         sources.update({p.name: p for p in Path(extra).iterdir() if p.is_file() and p.name != MARKER})
     with atomic_dir(folder) as tmp:
@@ -89,24 +94,29 @@ def link_copy(src: Path, folder: Path, extra: Path | None = None) -> Path:
                 os.link(path, tmp / name)
             except OSError:  # a filesystem without hard links (some network mounts): copy instead
                 shutil.copy2(path, tmp / name)
-        marker = json.loads((Path(src) / MARKER).read_text())
         files = {**marker["files"], **(manifest(tmp, [p.name for p in Path(extra).iterdir() if p.name != MARKER])
                                        if extra is not None else {})}
         write_marker(tmp, marker["step"], marker.get("world_size", 1), files)
     return Path(folder)
 
 
-@contextlib.contextmanager
-def consolidate_into(folder: Path) -> Iterator[Path]:
-    """A temporary folder (next to `folder`, removed afterwards) holding config.json + model.safetensors."""
+def write_consolidated(folder: Path, into: Path) -> None:
+    """config.json + model.safetensors of the checkpoint `folder`, written into the existing folder `into`."""
     from utils.ckpt.hf_folder import checked_config
 
-    tmp = Path(folder).with_name(f".{Path(folder).name}.weights.tmp")
+    save_pretrained_weights(checked_config(folder), read_weights(folder), into)
+    make_portable(into, tokenizer_dir=folder)
+
+
+@contextlib.contextmanager
+def consolidate_into(folder: Path, beside: Path) -> Iterator[Path]:
+    """A temporary folder next to the output `beside` (removed afterwards) holding config.json +
+    model.safetensors of `folder`: written where the output goes, never into the input's folder."""
+    tmp = Path(beside).with_name(f".{Path(beside).name}.weights.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        save_pretrained_weights(checked_config(folder), read_weights(folder), tmp)
-        make_portable(tmp, tokenizer_dir=folder)
+        write_consolidated(folder, tmp)
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -125,15 +135,13 @@ def consolidate(folder: Path, out: Path) -> Path:
         raise PiconeoxError(f"--out {out}: must differ from the checkpoint folder")
     check_output_dir(out, "--out", is_consolidated, "a consolidated checkpoint")
     checked(folder)
-    with atomic_dir(out) as tmp, consolidate_into(folder) as weights:
-        for path in weights.iterdir():
-            shutil.move(path, tmp / path.name)
-        for path in folder.iterdir():  # the tokenizer and the small json states travel along
-            if path.is_file() and (path.name.startswith(("tokenizer", "special_tokens")) or
-                                   (path.suffix == ".json" and path.name != "config.json")):
-                shutil.copy2(path, tmp / path.name)
+    marker = read_marker(folder)
+    with atomic_dir(out) as tmp:  # everything is written beside --out: nothing next to the input checkpoint
+        write_consolidated(folder, tmp)
+        for name in marker["files"]:  # the tokenizer and the small json states travel along: listed files only
+            if name.startswith(("tokenizer", "special_tokens")) or (name.endswith(".json") and name != "config.json"):
+                shutil.copy2(regular_file(folder, name), tmp / name)
         make_portable(tmp)  # also fixes the tokenizer files of a checkpoint written before utils.interop.portable
-        marker = read_marker(folder)
         write_marker(tmp, marker["step"], marker.get("world_size", 1),
                      manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
     return out
@@ -150,5 +158,5 @@ def publish_final(last: Path, final: Path, consolidate_weights: bool, log) -> No
         link_copy(last, final)
         log.info(f"{final}: resumable; for from_pretrained weights run python -m utils.consolidate {last} --out DIR")
         return
-    with consolidate_into(last) as weights:
+    with consolidate_into(last, final) as weights:
         link_copy(last, final, extra=weights)

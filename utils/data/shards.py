@@ -23,8 +23,9 @@ from tqdm import tqdm
 from utils.atomic import atomic_write, atomic_write_json
 from utils.crc import INDEX_NAME, CrcIndex, crc32c_file
 from utils.errors import PiconeoxError
-from utils.textfile import read_json
 from utils.data.tokenizers import TOKENIZER_FILE, file_sha256, read_tokenizer
+from utils.storage.base import no_link_below
+from utils.textfile import read_json
 
 SPLITS = ("train", "val")
 MANIFEST_FILE = "manifest.json"
@@ -126,7 +127,7 @@ def write_manifest(data_dir: str | os.PathLike, manifest: Manifest) -> None:
 
 def read_manifest(data_dir: str | os.PathLike) -> Manifest:
     """Parse data_dir/manifest.json (no checks against the files: see verify_dataset)."""
-    path = Path(data_dir) / MANIFEST_FILE
+    path = no_link_below(data_dir, MANIFEST_FILE)  # a dataset folder holds regular files, never links
     if not path.is_file():
         raise PiconeoxError(f"{path} not found: {data_dir} is not a prepared dataset (run prepare_data.py)")
     try:
@@ -162,7 +163,7 @@ def verify_dataset(data_dir: str | os.PathLike, check_crc: bool = False, expecte
     if expected_vocab is not None and expected_vocab != manifest.vocab_size:
         raise PiconeoxError(f"{data_dir} has vocab size {manifest.vocab_size}, but the model expects "
                             f"{expected_vocab}: use the dataset the model was trained on")
-    tok_path = data_dir / TOKENIZER_FILE
+    tok_path = no_link_below(data_dir, TOKENIZER_FILE)
     if not tok_path.is_file():
         raise PiconeoxError(f"{tok_path} is missing: prepare the data again")
     sha = file_sha256(tok_path)
@@ -190,10 +191,10 @@ def verify_dataset(data_dir: str | os.PathLike, check_crc: bool = False, expecte
 
 
 def _verify_shard(data_dir: Path, manifest: Manifest, shard: ShardInfo, check_crc: bool, index: CrcIndex) -> None:
-    path = data_dir / shard.name
-    if shard.split not in SPLITS or Path(shard.name).name != shard.name:
+    if shard.split not in SPLITS or not isinstance(shard.name, str) or Path(shard.name).name != shard.name:
         raise PiconeoxError(f"{data_dir}: manifest lists shard {shard.name!r} of split {shard.split!r}; "
                             f"allowed are plain file names in splits {', '.join(SPLITS)}")
+    path = no_link_below(data_dir, shard.name)
     if not path.is_file():
         raise PiconeoxError(f"{path} is listed in the manifest but missing: download or prepare the data again")
     st = path.stat()

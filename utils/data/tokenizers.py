@@ -182,8 +182,13 @@ def checkpoint_tokenizer(source: str | os.PathLike) -> tuple[Tokenizer, Path]:
     It must have the EOT token `<|endoftext|>`: the token stream separates documents with it (GPT-NeoX's and
     Pythia's tokenizers have it).
     """
+    from utils.storage.base import no_link_below
+
     path = Path(source)
-    path = path / TOKENIZER_FILE if path.is_dir() else path
+    try:  # inside a folder, never a link (the file named itself may be one)
+        path = no_link_below(path, TOKENIZER_FILE) if path.is_dir() else path
+    except PiconeoxError as e:
+        raise PiconeoxError(f"--tokenizer-from {e}") from None
     if not path.is_file():
         raise PiconeoxError(f"--tokenizer-from {source}: no {TOKENIZER_FILE} there (give a checkpoint folder "
                             f"holding one, or the file)")

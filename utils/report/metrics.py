@@ -221,7 +221,7 @@ def gpu_stats() -> dict[str, float | None]:
     try:
         import torch
 
-        if not torch.cuda.is_available():
+        if not torch.cuda.is_initialized():  # a CPU run, also on a GPU box: asking would open a CUDA context
             return stats
         import pynvml
 

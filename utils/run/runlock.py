@@ -8,12 +8,14 @@ start_training.sh (its preflight takes the lock in the launcher's name, `OWNER_E
 agent of a bare `accelerate launch`, else a lone train.py. Every training process then joins with its own
 line. A lock is live while any holder runs; whoever leaves last removes it. A lock whose holders are all
 gone (everything was SIGKILLed) is taken over with one warning line; a live one refuses the new run in one
-line naming its pids and host. Every check-and-write happens under flock(2) on the .locks folder, so two
-runs started at once cannot both win.
+line naming its pids and host. Every check-and-write happens under flock(2) on the regular file .locks/.guard,
+so two runs started at once cannot both win; a filesystem without locks (NFS without lockd, Lustre without
+-o flock) gets one warning line, and the run goes on.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -80,22 +82,44 @@ def owner() -> tuple[int, str]:
     return os.getpid(), "train.py"
 
 
+GUARD = ".guard"  # the regular file every check-and-write flocks: NFS emulates flock only on a file open for writing
+NO_FLOCK = {errno.ENOLCK, errno.EBADF, errno.ENOSYS, errno.EOPNOTSUPP}  # NFS without locks, Lustre without -o flock
+_warned_no_flock = False
+
+
 @contextlib.contextmanager
 def _guarded(folder: Path):
-    """flock(2) on the .locks folder; retried when the last release removed the folder meanwhile."""
+    """flock(2) on the folder's guard file; retried when the last release removed it meanwhile. A filesystem
+    without locks gets one warning line per process and no guard (per-machine lock names keep machines apart)."""
     while True:
         folder.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
-            fd = os.open(folder, os.O_RDONLY)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fd = os.open(folder / GUARD, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as e:
+                if e.errno not in NO_FLOCK:
+                    os.close(fd)
+                    raise
+                _warn_no_flock(folder, e)
+                break
             with contextlib.suppress(FileNotFoundError):
-                if os.path.samestat(os.fstat(fd), os.stat(folder)):
+                if os.path.samestat(os.fstat(fd), os.stat(folder / GUARD)):
                     break
             os.close(fd)
     try:
         yield
     finally:
         os.close(fd)
+
+
+def _warn_no_flock(folder: Path, e: OSError) -> None:
+    global _warned_no_flock
+    if not _warned_no_flock:
+        _warned_no_flock = True
+        print(f"warning: {folder} has no file locks ({errno.errorcode.get(e.errno, e.errno)}: NFS without lockd or "
+              "Lustre without -o flock?); the run lock is checked without them: do not start this run twice at once",
+              file=sys.stderr)
 
 
 def _read(path: Path) -> list[Holder]:
@@ -161,7 +185,10 @@ def release(path: Path, me: Holder) -> None:
             _write(path, rest)
             return
         path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):  # only when empty: no other run's lock, no run's files
+        if os.listdir(path.parent) != [GUARD]:
+            return  # another run's lock: the folder stays
+        (path.parent / GUARD).unlink(missing_ok=True)  # whoever waits on it retries on a fresh guard
+        with contextlib.suppress(OSError):  # only when empty: no run's files
             path.parent.rmdir()
             if path.parent.parent in _made_here:
                 path.parent.parent.rmdir()

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from utils.errors import PiconeoxError
 from utils.storage.base import (PARTIAL_SUFFIX, ObjectExists, ObjectInfo, Storage, StorageError, in_flight,
-                                parse_gs_url, safe_relpath)
+                                no_link_below, parse_gs_url, safe_relpath)
 from utils.storage.local import LocalStorage
 
 __all__ = ["PARTIAL_SUFFIX", "LocalStorage", "ObjectExists", "ObjectInfo", "Storage", "StorageError", "in_flight",
-           "open_storage", "parse_gs_url", "safe_relpath"]
+           "no_link_below", "open_storage", "parse_gs_url",
+           "safe_relpath"]
 
 
 def open_storage(url: str, credentials: str | None = None, *, timeout_s: float = 60) -> Storage:

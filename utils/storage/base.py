@@ -41,13 +41,13 @@ def safe_relpath(name: str) -> str:
 
     This is the traversal guard: a name joined onto a destination directory must stay inside it.
     Refused: empty names, absolute names, '..' or '.' segments, empty segments ('a//b', 'a/'),
-    backslashes and NUL bytes.
+    backslashes and control characters (NUL, newline, ...: a newline would forge a second line in a message).
     """
     reason = None
-    if not name:
-        reason = "it is empty"
-    elif "\x00" in name:
-        reason = "it contains a NUL byte"
+    if not isinstance(name, str) or not name:
+        reason = "it is empty" if name == "" else "it is not a string"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in name):
+        reason = "it contains a control character"
     elif "\\" in name:
         reason = "it contains a backslash"
     elif name.startswith("/"):
@@ -57,9 +57,24 @@ def safe_relpath(name: str) -> str:
     if reason:
         raise PiconeoxError(
             f"refusing object name {name!r}: {reason}; allowed are relative '/'-separated paths "
-            "without '..', '.', empty segments, backslashes or NUL"
+            "without '..', '.', empty segments, backslashes or control characters"
         )
     return name
+
+
+def no_link_below(root: str | Path, name: str) -> Path:
+    """`root/name` for a safe relative `name` when nothing below `root` on the way is a symbolic link.
+
+    The one path rule of checkpoint, dataset and local-bucket folders: they hold regular files and folders,
+    never links, so no name inside them reaches outside. The folder the user names (`root`) may be a link.
+    """
+    path = Path(root)
+    for part in safe_relpath(name).split("/"):
+        path = path / part
+        if path.is_symlink():
+            raise PiconeoxError(f"{path} is a symbolic link: checkpoint, dataset and bucket folders hold regular "
+                                "files only, never links (copy the file in instead)")
+    return path
 
 
 class Storage(ABC):

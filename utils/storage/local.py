@@ -9,38 +9,47 @@ from typing import IO, Callable
 
 import google_crc32c
 
+from utils.errors import PiconeoxError
 from utils.crc import CHUNK, crc32c_b64, crc32c_file
-from utils.storage.base import PARTIAL_SUFFIX, ObjectExists, ObjectInfo, Storage, StorageError, in_flight, safe_relpath
+from utils.storage.base import PARTIAL_SUFFIX, ObjectExists, ObjectInfo, Storage, StorageError, in_flight, no_link_below
 
 
 class LocalStorage(Storage):
-    """A directory used as a bucket: same names, checksums and atomicity as GCS, no account needed."""
+    """A directory used as a bucket: same names, checksums and atomicity as GCS, no account needed.
+
+    A bucket holds objects, never links: a symbolic link below the root is listed (unread, without a crc32c)
+    and refused by every other call, so nothing outside the root is read or written through one."""
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
         self.url = str(self.root)
 
     def _path(self, name: str) -> Path:
-        return self.root / safe_relpath(name)
+        try:
+            return no_link_below(self.root, name)
+        except PiconeoxError as e:
+            raise StorageError(f"{self.url}/{name}: {e}") from None
 
     def list(self, prefix: str = "", *, checksums: bool = True) -> dict[str, ObjectInfo]:
         found = {}
         folder, _, _ = prefix.rpartition("/")
-        for dirpath, _dirs, files in os.walk(self._path(folder) if folder else self.root):
-            for file in files:
+        for dirpath, dirs, files in os.walk(self._path(folder) if folder else self.root):
+            # os.walk lists a link to a folder among the folders and never enters it: list it, for get to refuse
+            for file in files + [d for d in dirs if Path(dirpath, d).is_symlink()]:
                 if in_flight(file):
                     continue
                 path = Path(dirpath, file)
                 name = path.relative_to(self.root).as_posix()
                 if name.startswith(prefix):
-                    crc = crc32c_file(path) if checksums else None
-                    found[name] = ObjectInfo(name, path.stat().st_size, crc, None)
+                    crc = crc32c_file(path) if checksums and not path.is_symlink() else None
+                    found[name] = ObjectInfo(name, path.lstat().st_size, crc, None)
         return found
 
     def get(self, name: str, local_path: Path) -> ObjectInfo:
         source = self._path(name)
         if not source.is_file():
-            raise StorageError(f"get {self.url}/{name}: no such file")
+            raise StorageError(f"get {self.url}/{name}: no such file" if not source.exists() else
+                               f"get {self.url}/{name}: not a regular file")
         partial = Path(f"{local_path}{PARTIAL_SUFFIX}")
         try:
             with open(source, "rb") as src, open(partial, "wb") as dst:

@@ -17,13 +17,13 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 from tqdm import tqdm
 
 from utils.crc import INDEX_NAME, CrcIndex
 from utils.errors import PiconeoxError
-from utils.storage import PARTIAL_SUFFIX, ObjectInfo, Storage, in_flight, safe_relpath
+from utils.storage import PARTIAL_SUFFIX, ObjectInfo, Storage, in_flight, no_link_below, safe_relpath
 
 __all__ = ["SyncSummary", "CrcIndex", "download_tree", "upload_tree", "host_dir", "safe_relpath"]
 
@@ -51,7 +51,9 @@ class SyncSummary:
 
 
 def _local_crc_if_same_size(path: Path, rel: str, size: int, index: CrcIndex) -> int | None:
-    """crc32c of a local regular file of exactly `size` bytes; None when it is missing or differs in size."""
+    """crc32c of a local regular file of exactly `size` bytes; None when it is missing, a link or differs in size."""
+    if path.is_symlink():  # never read through a link: the transfer refuses it
+        return None
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -108,8 +110,8 @@ def _transfer_all(jobs: dict[str, tuple[int, Callable[[], ObjectInfo]]], summary
 def download_tree(src: Storage, dest: Path, *, include: str | None = None, workers: int = 8,
                   dry_run: bool = False, progress: bool = True) -> SyncSummary:
     """Make `dest` hold a verified copy of every object under `src` (optionally only names matching
-    the glob `include`, where '*' also crosses '/'). Objects whose names would escape `dest` are
-    refused and counted as failed; nothing is written outside `dest`."""
+    the glob `include`, where '*' also crosses '/'). Objects whose names would escape `dest`, or lead through a
+    symbolic link inside it, are refused and counted as failed; nothing is written outside `dest`."""
     if workers < 1:
         raise PiconeoxError(f"workers must be at least 1, got {workers}")
     start = time.perf_counter()
@@ -131,7 +133,7 @@ def download_tree(src: Storage, dest: Path, *, include: str | None = None, worke
     for name, info in tqdm(sorted(selected.items()), desc="check local files", unit="file", leave=False,
                            disable=not progress):
         try:
-            path = dest / safe_relpath(name)
+            path = no_link_below(dest, name)
         except PiconeoxError as e:
             summary.fail(str(e))
             continue
@@ -161,10 +163,10 @@ def download_tree(src: Storage, dest: Path, *, include: str | None = None, worke
 
 
 def _local_files(root: Path) -> dict[str, Path]:
-    """Files under root by '/'-separated relative name, without sync's own index and in-flight files."""
+    """Files (and links) under root by '/'-separated relative name, without sync's own index and in-flight files."""
     files = {}
-    for dirpath, _dirs, names in os.walk(root):
-        for file in names:
+    for dirpath, dirs, names in os.walk(root):
+        for file in names + [d for d in dirs if Path(dirpath, d).is_symlink()]:  # links: listed, then refused
             if file == INDEX_NAME or in_flight(file):
                 continue
             path = Path(dirpath, file)
@@ -173,9 +175,10 @@ def _local_files(root: Path) -> dict[str, Path]:
 
 
 def upload_tree(src_dir: Path, dst: Storage, *, last: str | None = "manifest.json", if_absent: bool = False,
-                workers: int = 4, include: str | None = None, dry_run: bool = False,
-                progress: bool = True) -> SyncSummary:
-    """Upload the files of `src_dir` that `dst` lacks or holds with another size or crc32c.
+                workers: int = 4, include: str | None = None, only: Collection[str] | None = None,
+                dry_run: bool = False, progress: bool = True) -> SyncSummary:
+    """Upload the files of `src_dir` (those named in `only`, if given) that `dst` lacks or holds with another size
+    or crc32c. A symbolic link is never followed: it is refused and counted as failed.
 
     `last` (the manifest or COMPLETE marker; it must exist) goes up only after every other file
     succeeded; a stale remote copy of it is deleted before anything changes. if_absent refuses to
@@ -190,7 +193,8 @@ def upload_tree(src_dir: Path, dst: Storage, *, last: str | None = "manifest.jso
         raise PiconeoxError(f"nothing to upload: {src_dir} is not a folder with files")
     if last is not None and last not in files:
         raise PiconeoxError(f"{src_dir} has no {last}; it is uploaded last to mark the folder complete")
-    selected = {n: p for n, p in files.items() if include is None or fnmatchcase(n, include) or n == last}
+    selected = {n: p for n, p in files.items() if (include is None or fnmatchcase(n, include) or n == last)
+                and (only is None or n in only or n == last)}
 
     remote = dst.list()
     index = CrcIndex(src_dir / INDEX_NAME)
@@ -210,14 +214,16 @@ def upload_tree(src_dir: Path, dst: Storage, *, last: str | None = "manifest.jso
             todo[last] = files[last]
         summary = SyncSummary(skipped=len(selected) - len(todo))
         if dry_run:
-            summary.downloaded, summary.bytes = len(todo), sum(p.stat().st_size for p in todo.values())
+            summary.downloaded, summary.bytes = len(todo), sum(p.lstat().st_size for p in todo.values())
         else:
             if withdraw:
                 dst.delete(last)
-            jobs = {n: (p.stat().st_size, lambda n=n, p=p: dst.put(p, n, if_absent=if_absent)) for n, p in body.items()}
+            jobs = {n: (p.lstat().st_size, lambda n=n: dst.put(no_link_below(src_dir, n), n, if_absent=if_absent))
+                    for n, p in body.items()}
             _transfer_all(jobs, summary, workers=workers, desc=f"upload {dst.url}", progress=progress)
             if last in todo and not summary.failed:
-                jobs = {last: (todo[last].stat().st_size, lambda: dst.put(todo[last], last, if_absent=if_absent))}
+                jobs = {last: (todo[last].lstat().st_size,
+                               lambda: dst.put(no_link_below(src_dir, last), last, if_absent=if_absent))}
                 _transfer_all(jobs, summary, workers=1, desc=f"upload {last}", progress=False)
     finally:
         if not dry_run:

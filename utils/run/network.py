@@ -1,0 +1,100 @@
+"""Which network interface a multi-machine job's gloo groups use (GLOO_SOCKET_IFNAME, set by start_training.sh).
+
+Unset, gloo binds every rank to the address its hostname resolves to: 127.0.1.1 on Debian and Ubuntu, which
+no other machine can reach, so the first gloo group (the checkpoint savers', 60-minute timeout) waits an hour
+and crashes. The launcher names the interface instead: on machine 0 the one that holds --main-process-ip,
+elsewhere the one whose route reaches it; never `lo`. A --main-process-ip that is a name resolving to loopback
+here (machine 0's own name in /etc/hosts) is refused: the other machines see another address. A loopback
+address written as such (127.0.0.1) means every machine is this host (a test): gloo's default then works.
+
+    python -m utils.run.network HOST     prints the interface (nothing when none is needed), or one error line
+"""
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import socket
+import struct
+import sys
+from pathlib import Path
+
+from utils.errors import PiconeoxError, cli
+
+SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's (primary) IPv4 address
+
+
+def interface_addresses() -> dict[str, str]:
+    """{interface: IPv4 address} for every interface that has one, loopback included."""
+    found = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                reply = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address
+            found[name] = socket.inet_ntoa(reply[20:24])
+    return found
+
+
+def routed_interface(addr: ipaddress.IPv4Address) -> str | None:
+    """The interface of the main table's longest matching IPv4 route to `addr`, or None when unknown."""
+    try:
+        table = Path("/proc/net/route").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    best = None  # (prefix bits, interface): the longest matching prefix wins, as in the kernel
+    for line in table:
+        fields = line.split()
+        dest, mask = (int.from_bytes(bytes.fromhex(x), "little") for x in (fields[1], fields[7]))
+        if int(addr) & mask == dest and (best is None or mask.bit_count() > best[0]):
+            best = (mask.bit_count(), fields[0])
+    return best[1] if best else None
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def gloo_interface(host: str) -> str | None:
+    """The interface for GLOO_SOCKET_IFNAME on a job of several machines whose machine 0 is `host`; None when
+    every machine is this host (`host` is a loopback address) or when nothing here resolves or routes to it.
+
+    Raises PiconeoxError for a name that resolves to loopback here: the other machines cannot reach that.
+    """
+    try:
+        addr = ipaddress.IPv4Address(socket.gethostbyname(host))
+    except (OSError, ValueError):
+        return None
+    if addr.is_loopback:
+        if _is_address(host):
+            return None
+        others = ", ".join(f"{n} {a}" for n, a in interface_addresses().items() if not a.startswith("127."))
+        raise PiconeoxError(f"--main-process-ip {host} resolves to {addr} (loopback) on this machine, which the "
+                            "other machines cannot reach: pass machine 0's address as they see it"
+                            f"{f' (this machine has {others})' if others else ''}")
+    holder = next((n for n, a in interface_addresses().items() if a == str(addr)), None)
+    name = holder or routed_interface(addr)
+    return None if name == "lo" else name
+
+
+@cli
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m utils.run.network MAIN_PROCESS_IP", file=sys.stderr)
+        return 2
+    name = gloo_interface(argv[0])
+    if name:
+        print(name)
+    elif not (_is_address(argv[0]) and ipaddress.ip_address(argv[0]).is_loopback):
+        print(f"warning: no network interface routes to --main-process-ip {argv[0]}; set GLOO_SOCKET_IFNAME "
+              "yourself", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
