@@ -350,6 +350,7 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
         raise PiconeoxError(f"{src} has no tokenizer.json: the device needs it to encode and decode text")
     from transformers.utils import logging as hf_logging
 
+    from utils.ckpt.hf_folder import tokenizer_problem
     from utils.ckpt.load import load_model  # heavy: only once the arguments are known good
 
     hf_logging.disable_progress_bar()  # a 1-second load needs no bar; stderr stays one line on error
@@ -357,6 +358,8 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
     shape = Shape.from_hf(model.config)
     state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
     model_bin = encode_model(state, shape, dtype)
+    if why := tokenizer_problem(src / "tokenizer.json", shape.vocab):  # bounded before it is parsed whole
+        raise PiconeoxError(why)
     vocab = Vocab.from_tokenizer_json(src / "tokenizer.json", shape.vocab)
     vocab_bin = vocab.encode()
     budget = ram_budget_kb * 1024

@@ -188,7 +188,7 @@ LINKS = {  # id: (file, loader, folder kind)
     "config-to-gguf": ("config.json", "to_gguf", "step"),
     "marker-evaluate": ("COMPLETE", "evaluate", "step"),
     "index-export": (".metadata", "export", "step"),
-    "rng-resume-auto": ("rng-00000.pt", "resume-auto", "step"),
+    "rng-resume-auto": ("rng-00000.json", "resume-auto", "step"),
     "weights-generate": ("model.safetensors", "generate", "hf"),
     "tokenizer-init-from": ("tokenizer.json", "init-from", "hf"),
     "config-evaluate": ("config.json", "evaluate", "hf"),

@@ -34,7 +34,7 @@ def test_marker_records_size_and_crc32c_of_every_file(trained):
     _, run_dir, _ = trained
     marker = read_marker(run_dir / "step-00000020")
     assert marker["step"] == 20 and marker["world_size"] == 1
-    assert {"__0_0.distcp", ".metadata", "rng-00000.pt", "config.json", "trainer.json"} <= set(marker["files"])
+    assert {"__0_0.distcp", ".metadata", "rng-00000.json", "config.json", "trainer.json"} <= set(marker["files"])
     assert all(set(info) == {"size", "crc32c"} for info in marker["files"].values())
 
 

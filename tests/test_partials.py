@@ -59,7 +59,7 @@ def test_next_run_removes_partial_steps_of_crashed_attempts(tmp_path, tiny_data,
         (run_dir / step_dir_name(step) / MARKER).unlink()
     if bucket:
         for step in (5, 15, 25):  # what a killed upload leaves in the bucket
-            bucket.put(run_dir / "step-00000010" / "rng-00000.pt", f"{step_dir_name(step)}/rng-00000.pt")
+            bucket.put(run_dir / "step-00000010" / "rng-00000.json", f"{step_dir_name(step)}/rng-00000.json")
         assert remote_steps(bucket) == {5: False, 10: True, 15: False, 20: True, 25: False}
 
     code, _, _ = run(tmp_path, tiny_data, "--max-steps", "30", "--resume", "auto", *common)

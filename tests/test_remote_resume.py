@@ -108,8 +108,8 @@ def test_truncated_local_checkpoint_falls_back_to_the_previous(tmp_path, tiny_da
     assert len(skipped) == 1 and f"__0_0.distcp has {size // 2} bytes, expected {size}" in skipped[0]
     assert f"resumed from {run_dir / 'step-00000010'} at step 10" in log
     # a missing file is reported the same way
-    (run_dir / "step-00000020" / "scheduler.pt").unlink()
-    assert check_complete(run_dir / "step-00000020").endswith("is damaged: scheduler.pt is missing")
+    (run_dir / "step-00000020" / "scheduler.json").unlink()
+    assert check_complete(run_dir / "step-00000020").endswith("is damaged: scheduler.json is missing")
 
 
 def test_auto_prefers_a_newer_local_checkpoint_over_the_bucket(tmp_path, tiny_data, remote_run):

@@ -17,7 +17,8 @@ from utils.storage import open_storage
 pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
 
 STEP = "step-00000010"
-PICKLED = (".metadata", "__0_0.distcp", "scheduler.pt", "scaler.pt", "rng-00000.pt")  # scaler.pt: fp16 runs only
+# The .pt small states: what checkpoints before issue 33 hold (scaler.pt: fp16 runs only); today's are JSON
+PICKLED = (".metadata", "__0_0.distcp", "scheduler.pt", "scaler.pt", "rng-00000.pt")
 
 
 class Payload:
@@ -52,11 +53,12 @@ def poison(folder: Path, name: str, flag: Path) -> None:
         with open(path, "ab") as f:
             f.write(payload)
         (folder / DCP_INDEX).write_bytes(pickle.dumps(meta))
-    else:
+    else:  # small states are JSON since issue 33: an older checkpoint's .pt is still read (bounded)
+        (folder / f"{Path(name).stem}.json").unlink(missing_ok=True)
         state = torch.load(path, weights_only=False) if path.exists() else {"scale": 65536.0}
         path.write_bytes(torch_bytes({**state, "payload": Payload(flag)}))
     marker = read_marker(folder)
-    names = set(marker["files"]) | {name}
+    names = {n for n in marker["files"] if (folder / n).exists()} | {name}
     write_marker(folder, marker["step"], marker["world_size"], manifest(folder, sorted(names)))
     assert check_complete(folder, verify=True) is None
 

@@ -33,6 +33,13 @@ class PiconeoxError(Exception):
     """A user-fixable problem, reported as one line without a traceback."""
 
 
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """The first line of `error`'s message for a one-line report; its type's name when the message is empty (a
+    MemoryError usually has none)."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
 class CliParser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line `error: ...` and exit 2, like every other user mistake."""
 

@@ -22,10 +22,11 @@ from utils.textfile import printable
 def load_checkpoint_model(folder: str):
     """Model and tokenizer of a checkpoint folder (best/, final/, step-XXXXXXXX/, or a run directory: its best/,
     else final/); files are checked against the marker's crc32c first."""
-    from transformers import AutoTokenizer
+    from utils.ckpt.hf_folder import load_tokenizer
 
     path = find_checkpoint(folder)
-    return load_model(path), AutoTokenizer.from_pretrained(str(path))
+    model = load_model(path)
+    return model, load_tokenizer(path, model.config.vocab_size)
 
 
 def evaluate_checkpoint(model, tokenizer, data_dir: str, seq_len: int, batch_size: int, num_batches: int) -> float:

@@ -8,14 +8,15 @@ same sha256).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from utils.textfile import read_json
 from utils.ckpt.format import DCP_INDEX
+from utils.ckpt.hf_folder import check_weights, gpt_neox_config, load_tokenizer, tokenizer_problem, weight_shapes
 from utils.ckpt.load import load_model
 from utils.data.tokenizers import TOKENIZER_FILE, file_sha256
-from utils.errors import PiconeoxError
+from utils.errors import PiconeoxError, first_line
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json", DCP_INDEX)  # the last: our sharded step folders (DCP)
@@ -60,10 +61,10 @@ class Pretrained:
             model.config.use_cache = False
             return model
         try:
-            model, info = GPTNeoXForCausalLM.from_pretrained(self.path, dtype=torch.float32, attn_implementation="sdpa",
-                                                             output_loading_info=True)
-        except (OSError, ValueError, RuntimeError) as e:
-            why = str(e).splitlines()[0]
+            model, info = GPTNeoXForCausalLM.from_pretrained(self.path, config=self.hf_config, dtype=torch.float32,
+                                                             attn_implementation="sdpa", output_loading_info=True)
+        except (OSError, ValueError, RuntimeError, MemoryError) as e:
+            why = first_line(e)
             raise PiconeoxError(f"--init-from {self.path}: the weights do not load ({why})") from None
         if info["missing_keys"]:
             raise PiconeoxError(f"--init-from {self.path}: the weights lack {len(info['missing_keys'])} tensors of the "
@@ -72,15 +73,12 @@ class Pretrained:
         return model
 
     def load_tokenizer(self):
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(self.path)
+        return load_tokenizer(self.path, self.hf_config.vocab_size, "--init-from ")
 
 
 def open_pretrained(path: str | Path) -> Pretrained:
     """Check an --init-from folder without loading weights; every problem is one PiconeoxError line."""
     from tokenizers import Tokenizer
-    from transformers import GPTNeoXConfig
 
     from utils.ckpt.format import foreign_entry
 
@@ -90,37 +88,27 @@ def open_pretrained(path: str | Path) -> Pretrained:
                             "e.g. a downloaded Pythia model or checkpoints/<run>/final)")
     if reason := foreign_entry(path):  # a link or FIFO inside: nothing outside the folder is read
         raise PiconeoxError(f"--init-from {reason}")
-    config_file = path / "config.json"
-    if not config_file.is_file():
+    if not (path / "config.json").is_file():
         raise PiconeoxError(f"--init-from {path}: no config.json; not a Hugging Face checkpoint folder")
-    try:
-        model_type = json.loads(config_file.read_text()).get("model_type")
-    except (ValueError, AttributeError):
-        raise PiconeoxError(f"--init-from {path}: config.json is not a JSON object") from None
-    if model_type != "gpt_neox":
-        raise PiconeoxError(f"--init-from {path}: model_type {model_type!r} is not GPT-NeoX; piconeox trains "
-                            "gpt_neox models only (e.g. Pythia)")
+    hf = gpt_neox_config(path, "--init-from ")  # GPT-NeoX, no auto_map, sane sizes
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise PiconeoxError(f"--init-from {path}: no weights; expected one of {', '.join(WEIGHT_FILES)}")
     tokenizer_file = path / TOKENIZER_FILE
     if not tokenizer_file.is_file():
         raise PiconeoxError(f"--init-from {path}: no {TOKENIZER_FILE}; the checkpoint's tokenizer must be next to "
                             "its weights (copy it from where the model came from)")
-    try:
-        tokenizer_vocab = Tokenizer.from_file(str(tokenizer_file)).get_vocab_size()
-    except Exception as e:  # tokenizers raises a bare Exception on a bad file
-        raise PiconeoxError(f"--init-from {path}: {TOKENIZER_FILE} is not readable ({e})") from None
-    hf = GPTNeoXConfig.from_pretrained(path)
     for key, value in FIXED_SETTINGS.items():
         if getattr(hf, key, value) != value:
             raise PiconeoxError(f"--init-from {path}: config.json has {key}={getattr(hf, key)!r}; piconeox's GPT-NeoX "
                                 f"needs {value!r} (as Pythia has)")
-    if tokenizer_vocab > hf.vocab_size:
-        raise PiconeoxError(f"--init-from {path}: vocab mismatch: the tokenizer has {tokenizer_vocab} ids but the "
-                            f"model's embedding has {hf.vocab_size} rows")
+    if why := tokenizer_problem(tokenizer_file, hf.vocab_size):
+        raise PiconeoxError(f"--init-from {why}")
+    if shapes := weight_shapes(path):  # sizes as the weights hold them, before a model of that size is built
+        check_weights(hf, shapes, path, "--init-from ")
+    tokenizer_vocab = Tokenizer.from_file(str(tokenizer_file)).get_vocab_size()
     shas = {file_sha256(tokenizer_file)}
     run_config = path / "run_config.json"
     if run_config.is_file():  # one of our checkpoints: also the dataset tokenizer it was trained with
-        trained_with = json.loads(run_config.read_text()).get("data_tokenizer_sha256")
+        trained_with = read_json(run_config, "--init-from").get("data_tokenizer_sha256")
         shas |= {trained_with} if trained_with else set()
     return Pretrained(path, hf, tokenizer_vocab, frozenset(shas))

@@ -18,32 +18,43 @@ def not_utf8(path: str | Path, offset: int, error: UnicodeDecodeError) -> str:
     return f"{path}: not UTF-8 at byte {offset + error.start} ({error.reason})"
 
 
-def read_text(path: str | Path, flag: str) -> str:
-    """The text of a UTF-8 file (a byte-order mark dropped); one line for anything else."""
+def read_text(path: str | Path, flag: str, max_bytes: int | None = None) -> str:
+    """The text of a UTF-8 file (a byte-order mark dropped); one line for anything else, or for a file over
+    `max_bytes`."""
     path = Path(path)
+    label = f"{flag} {path}".lstrip()
     if path.is_dir():
-        raise PiconeoxError(f"{flag} {path} is a folder, not a text file")
+        raise PiconeoxError(f"{label} is a folder, not a text file")
     try:
+        if max_bytes is not None and (size := path.stat().st_size) > max_bytes:
+            raise PiconeoxError(f"{label}: {size:,} bytes, more than the {max_bytes:,} allowed for this file")
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise PiconeoxError(f"{flag} {path}: no such file") from None
+        raise PiconeoxError(f"{label}: no such file") from None
     except OSError as e:
-        raise PiconeoxError(f"{flag} {path}: cannot read it ({e.strerror})") from None
+        raise PiconeoxError(f"{label}: cannot read it ({e.strerror})") from None
     try:
         return raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
-        raise PiconeoxError(f"{flag} {not_utf8(path, 0, e)}: give a text file") from None
+        raise PiconeoxError(f"{flag} {not_utf8(path, 0, e)}: give a text file".lstrip()) from None
 
 
-def read_json(path: str | Path, what: str) -> dict:
-    """A JSON object from `path` (`what` says whose file it is); one line naming the file when it is not one."""
-    text = read_text(path, what)
+MAX_JSON_BYTES = 64 << 20  # config, marker, parts, manifest, tokenizer.json (Pythia's: 2 MB)
+
+
+def read_json(path: str | Path, what: str = "", max_bytes: int = MAX_JSON_BYTES) -> dict:
+    """A JSON object from `path` (`what` says whose file it is); one line naming the file when it is not one,
+    is larger than `max_bytes`, or nests too deep to parse (json recurses: 100,000 brackets are a RecursionError)."""
+    text = read_text(path, what, max_bytes)
+    label = f"{what} {path}".lstrip()
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise PiconeoxError(f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raise PiconeoxError(f"{label} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise PiconeoxError(f"{label} is not valid JSON (nested too deep to read)") from None
     if not isinstance(data, dict):
-        raise PiconeoxError(f"{what} {path} is not a JSON object")
+        raise PiconeoxError(f"{label} is not a JSON object")
     return data
 
 

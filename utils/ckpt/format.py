@@ -4,10 +4,11 @@ crc32c), checking and rotating step folders, and `find_checkpoint`: which folder
 Layout of `checkpoints/<run>/step-00000100/`:
   __0_0.distcp, __1_0.distcp, ...  DCP: {"model": ..., "optim": ..., sharded parts ("ema")}; each rank its own file
   .metadata                         DCP's index (written by rank 0 once every shard is written)
-  rng-00000.pt, rng-00001.pt, ...   each rank's RNG (CPU and its own GPU)
+  rng-00000.json, rng-00001.json,   each rank's RNG (CPU and its own GPU); older checkpoints: rng-00000.pt
   config.json, tokenizer.json, tokenizer_config.json   the model shape and tokenizer (AutoTokenizer loads them)
-  <part>.json / <part>.pt           one file per registered small part (utils/ckpt/parts.py): scheduler.pt,
-                                    scaler.pt (fp16 only), loader.json, trainer.json, metrics.json; run_config.json
+  <part>.json                       one file per registered small part (utils/ckpt/parts.py): scheduler.json,
+                                    scaler.json (fp16 only), loader.json, trainer.json, metrics.json; run_config.json
+                                    (older checkpoints: scheduler.pt, scaler.pt, read through utils/ckpt/bounded.py)
   COMPLETE                          JSON {step, world_size, files: {name: {size, crc32c}}}; written last, by rank 0,
                                     only after every rank reported its files written (and uploaded)
 `best/` and `final/` also hold `model.safetensors` (consolidated weights): AutoModelForCausalLM.from_pretrained
@@ -40,8 +41,9 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def rng_name(rank: int) -> str:
-    return f"rng-{rank:05d}.pt"
+def rng_name(rank: int, suffix: str = "json") -> str:
+    """Rank `rank`'s RNG file: JSON since issue 33; `suffix="pt"` names an older checkpoint's pickle."""
+    return f"rng-{rank:05d}.{suffix}"
 
 def manifest(folder: Path, names) -> dict[str, dict]:
     """{name: {size, crc32c}} of files in `folder`: what the COMPLETE marker records."""
@@ -61,7 +63,7 @@ def read_marker(folder: Path) -> dict | None:
     try:
         marker = json.loads((Path(folder) / MARKER).read_text())
         files = marker.get("files")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: JSON nested too deep
         return None
     if not isinstance(files, dict) or not all(isinstance(v, dict) and {"size", "crc32c"} <= v.keys()
                                               for v in files.values()):

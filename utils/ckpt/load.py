@@ -3,33 +3,76 @@ checkpoint's model for inference (in one process, without a process group: only 
 Loading never runs code from a checkpoint: every pickle in it is read through an allowlist (safe_load)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from utils.ckpt.format import DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, foreign_entry, rng_name
 from utils.ckpt.state import sharded_state
-from utils.errors import PiconeoxError
+from utils.errors import PiconeoxError, first_line
 
 
-def read_part(folder: Path, name: str) -> object | None:
-    """The saved state of part `name` (<name>.json or <name>.pt), or None when the checkpoint has none."""
+def read_part(folder: Path, name: str, like: dict | None = None) -> object | None:
+    """The saved state of part `name` (<name>.json; an older checkpoint's <name>.pt through the bounded pickle
+    reader), or None when the checkpoint has none. `like`: the part's own state_dict(); the saved state must have
+    its keys and kinds of values (a hostile file sets no other attribute, and fails here, not at step 1)."""
+    from utils.textfile import read_json
     from utils.ckpt.safe_load import load_small_state
 
     folder = Path(folder)
-    if (folder / f"{name}.json").is_file():
-        return json.loads((folder / f"{name}.json").read_text())
-    path = folder / f"{name}.pt"
-    return load_small_state(path) if path.is_file() else None
+    path = folder / f"{name}.json"
+    if path.is_file():
+        state = read_json(path)
+    elif (path := folder / f"{name}.pt").is_file():
+        state = load_small_state(path)
+    else:
+        return None
+    if like is not None and (why := unlike(state, like)):
+        raise PiconeoxError(f"{path}: not a {name} state this run can load: {why}")
+    return state
+
+
+def kind(value) -> str:
+    return ("null" if value is None else "bool" if isinstance(value, bool) else "number"
+            if isinstance(value, (int, float)) else type(value).__name__)
+
+
+def unlike(saved, like, top: bool = True, nullable: bool = False) -> str | None:
+    """Why `saved` is not shaped like `like` (the same keys at the top, the same kinds of values, scalar lists of
+    the same length), or None. A dict's number may be null (JSON has no inf: TrainerState saves None)."""
+    if top and not isinstance(saved, dict):
+        return f"expected a JSON object, found {kind(saved)}"
+    if isinstance(like, dict) and isinstance(saved, dict):
+        if top and saved.keys() != like.keys():
+            odd = sorted(map(str, saved.keys() ^ like.keys()))[:3]
+            return f"its keys differ from {sorted(like)} ({', '.join(odd)})"
+        return next((f"{key}: {why}" for key in saved.keys() & like.keys()
+                     if (why := unlike(saved[key], like[key], top=False, nullable=True))), None)
+    kinds = {kind(saved), kind(like)}
+    if len(kinds) > 1 and not (nullable and kinds == {"null", "number"}):
+        return f"{kind(saved)} where {kind(like)} belongs"
+    if isinstance(like, list) and like:
+        if kind(like[0]) not in ("list", "dict") and len(saved) != len(like):
+            return f"{len(saved)} values where {len(like)} belong"
+        return next((f"[{i}]: {why}" for i, v in enumerate(saved) if (why := unlike(v, like[0], top=False))), None)
+    return None
 
 
 def read_rng(folder: Path, rank: int) -> dict:
-    """This rank's RNG state (rank 0's when the checkpoint had fewer ranks)."""
+    """This rank's RNG state (rank 0's when the checkpoint had fewer ranks); rng-*.json, or an older checkpoint's
+    rng-*.pt through the bounded pickle reader. Every value is checked before any generator is set."""
+    from utils.textfile import read_json
     from utils.ckpt.safe_load import load_small_state
+    from utils.ckpt.state import rng_from_json, rng_to_json
 
-    rng = Path(folder) / rng_name(rank)
-    return load_small_state(rng if rng.exists() else Path(folder) / rng_name(0))
+    folder = Path(folder)
+    path = next((p for r in (rank, 0) for s in ("json", "pt") if (p := folder / rng_name(r, s)).is_file()), None)
+    if path is None:
+        raise PiconeoxError(f"{folder}: the checkpoint has no RNG state ({rng_name(0)}); it cannot be resumed exactly")
+    try:
+        return rng_from_json(read_json(path) if path.suffix == ".json" else rng_to_json(load_small_state(path)))
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+        raise PiconeoxError(f"{path}: not an RNG state piconeox wrote ({first_line(e, 200)})") from None
 
 
 def load_sharded(folder: Path, model, optimizer) -> None:
@@ -46,7 +89,7 @@ def load_sharded(folder: Path, model, optimizer) -> None:
     except PiconeoxError:  # a refusal or an unreadable index: already one line naming the file
         raise
     except Exception as e:  # CheckpointException wraps every rank's error; one line is enough for the user
-        raise PiconeoxError(f"{folder}: cannot load the sharded state: {str(e).splitlines()[0][:300]}") from e
+        raise PiconeoxError(f"{folder}: cannot load the sharded state: {first_line(e, 300)}") from e
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
@@ -67,11 +110,16 @@ def read_weights(folder: Path, part: str = "model") -> dict[str, torch.Tensor]:
 
     meta = SafeFileSystemReader(str(folder)).read_metadata().state_dict_metadata
     prefix = f"{part}."
-    weights = {key[len(prefix):]: torch.empty(m.size, dtype=m.properties.dtype)
-               for key, m in meta.items() if key.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
-    if not weights:
+    entries = {key[len(prefix):]: m for key, m in meta.items()
+               if key.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+    if not entries:
         raise PiconeoxError(f"{folder}: the checkpoint holds no {part} weights")
-    state = {part: weights}
+    claimed = sum(m.size.numel() * m.properties.dtype.itemsize for m in entries.values())
+    held = sum(p.stat().st_size for p in Path(folder).glob("*.distcp"))
+    if claimed > held:  # the index alone must not make us allocate: its sizes must be in the files
+        raise PiconeoxError(f"{folder}/{DCP_INDEX}: its {part} weights hold {claimed:,} bytes, but the folder's "
+                            f".distcp files only {held:,}")
+    state = {part: {key: torch.empty(m.size, dtype=m.properties.dtype) for key, m in entries.items()}}
     load_dcp(state, folder, no_dist=True)
     return state[part]
 
@@ -82,7 +130,9 @@ def load_model(folder: Path):
     Folders with a COMPLETE marker are verified first (sizes and crc32c), so corruption is one clear line.
     """
     from safetensors import SafetensorError
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+    from transformers import GPTNeoXForCausalLM
+
+    from utils.ckpt.hf_folder import checked_config
 
     folder = Path(folder)
     if (folder / MARKER).exists():
@@ -90,11 +140,12 @@ def load_model(folder: Path):
     elif reason := foreign_entry(folder):
         raise PiconeoxError(reason)
     try:
+        config = checked_config(folder)  # GPT-NeoX, no code, sizes those of the weights: before anything is built
         if (folder / WEIGHTS_FILE).is_file():
-            return GPTNeoXForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+            return GPTNeoXForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32,
+                                                      attn_implementation="sdpa")
         if not (folder / DCP_INDEX).is_file():
             raise PiconeoxError(f"{folder} holds no model: expected model.safetensors or a sharded checkpoint")
-        config = GPTNeoXConfig.from_pretrained(folder)
         with torch.device("meta"):
             model = GPTNeoXForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
         model.load_state_dict(read_weights(folder), assign=True)
@@ -102,5 +153,5 @@ def load_model(folder: Path):
         # RoPE's inv_freq is a non-persistent buffer, in no checkpoint: compute it for real, not on meta
         model.gpt_neox.rotary_emb = type(model.gpt_neox.rotary_emb)(config=model.config)
         return model.eval()
-    except (SafetensorError, OSError, RuntimeError, ValueError) as e:
-        raise PiconeoxError(f"{folder}: cannot load the model: {str(e).splitlines()[0][:300]}") from e
+    except (SafetensorError, OSError, RuntimeError, ValueError, MemoryError) as e:
+        raise PiconeoxError(f"{folder}: cannot load the model: {first_line(e, 300)}") from e

@@ -10,7 +10,7 @@ A part is anything with state_dict() / load_state_dict(); `None` is skipped. Its
   thread writes it while the training goes on changing the original. (Small parts we do not own, such as
   LambdaLR, share lists with themselves: `capture` deep-copies small states, which costs nothing.)
 - a part is small or sharded. Small: plain values or a few tensors, the same on every rank; rank 0 writes it as
-  `<name>.json` (or `<name>.pt` for tensors). Sharded: `{name: tensor}` as this rank holds it (DTensor shards with
+  `<name>.json` (never a pickle). Sharded: `{name: tensor}` as this rank holds it (DTensor shards with
   the parameters' placement under FSDP2, whole tensors under DDP); it goes into DCP next to the model and the
   optimizer (keys `<part>.<name>`), every rank writes its share, and a resume on any world size reshards it.
   A sharded part whose tensors are weights (EMA) may be what best/ and final/ publish: it then also has
@@ -53,14 +53,12 @@ class TrainerState:
 class Part:
     """One piece of checkpointed state (see the module docstring for the contract).
 
-    suffix: "json" for plain values, "pt" for anything torch.save must write (small parts only).
     in_best: whether weights-only checkpoints (best/) carry it too (small parts only).
     required: whether a resume refuses a checkpoint without it (the fp16 scaler exists only in fp16 runs).
     sharded: written into DCP by every rank instead of one file by rank 0.
     """
 
     obj: object
-    suffix: str = "json"
     in_best: bool = True
     required: bool = True
     sharded: bool = False
@@ -68,8 +66,7 @@ class Part:
 
 def training_parts(scheduler, scaler, loader, trainer: TrainerState, metrics, ema=None) -> dict[str, Part]:
     """The registry of everything a resume needs besides model and optimizer: one entry per part."""
-    return {"scheduler": Part(scheduler, "pt", in_best=False), "scaler": Part(scaler, "pt", in_best=False,
-                                                                              required=False),
+    return {"scheduler": Part(scheduler, in_best=False), "scaler": Part(scaler, in_best=False, required=False),
             "loader": Part(loader), "trainer": Part(trainer), "metrics": Part(metrics),
             "ema": Part(ema, sharded=True)}
 
@@ -102,7 +99,7 @@ class Registry:
         (best/) gathers the full weights onto rank 0 instead of sharding model, optimizer and sharded parts.
         """
         live = {name: part for name, part in self.parts.items() if part.obj is not None}
-        common = {name: (part.suffix, copy.deepcopy(part.obj.state_dict())) for name, part in live.items()
+        common = {name: ("json", copy.deepcopy(part.obj.state_dict())) for name, part in live.items()
                   if not part.sharded and (part.in_best or not weights_only)}
         common["run_config"] = ("json", self.run_config)
         state = weights = None
@@ -125,7 +122,8 @@ class Registry:
         load_sharded(folder, self.model, self.optimizer)
         self.load_sharded_parts(folder)
         for name, part in self.parts.items():
-            state = None if part.sharded else read_part(folder, name)
+            like = part.obj.state_dict() if part.obj is not None else None  # the saved state must match its shape
+            state = None if part.sharded else read_part(folder, name, like=like)
             if state is None and part.required and not part.sharded and part.obj is not None:
                 raise PiconeoxError(f"{folder}: the checkpoint has no {name} state; it cannot be resumed exactly")
             if state is not None and part.obj is not None:

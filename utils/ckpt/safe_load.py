@@ -17,6 +17,7 @@ Checkpoints written by earlier versions hold nothing else, so they load unchange
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
 from pathlib import Path
@@ -24,8 +25,13 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.utils import _ReaderView
 
-from utils.errors import PiconeoxError
+from utils.ckpt.bounded import check_pickle, check_torch_zip
+from utils.errors import PiconeoxError, first_line
+
+MAX_INDEX_BYTES = 1 << 30  # a 1.2B model's .metadata is ~1 MB
+MAX_VALUE_BYTES = 1 << 20  # a non-tensor value (an optimizer hyperparameter) is a few hundred bytes
 
 METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 METADATA_TYPES = ("Metadata", "StorageMeta", "MetadataIndex", "ChunkStorageMetadata", "TensorProperties",
@@ -65,28 +71,106 @@ class MetadataUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+class RecordView(_ReaderView):
+    """DCP's view of one record of a .distcp file, but SEEK_END counts back from the record's end (zipfile seeks
+    there to find the directory; DCP's own view counts forward)."""
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET, /) -> int:
+        return super().seek(self.len + offset) if whence == os.SEEK_END else super().seek(offset, whence)
+
+
 class SafeFileSystemReader(FileSystemReader):
-    """torch's FileSystemReader with `.metadata` read by `MetadataUnpickler` instead of `pickle.load`."""
+    """torch's FileSystemReader with `.metadata` read by `MetadataUnpickler` instead of `pickle.load` (after
+    check_pickle bounds it) and every record checked before it is loaded (`read_data`)."""
 
     def read_metadata(self, *args, **kwargs):
         from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
         path = self._get_metadata_path(kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as f:
-            try:
-                metadata = MetadataUnpickler(f, path).load()
-            except UnsafeCheckpoint:
-                raise
-            except Exception as e:  # truncated or not a pickle at all: the unpickler's errors vary
-                why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-                raise PiconeoxError(f"{path}: not a readable checkpoint index ({why})") from None
+            data = f.read(MAX_INDEX_BYTES + 1)
+        if len(data) > MAX_INDEX_BYTES:
+            raise PiconeoxError(f"{path}: more than {MAX_INDEX_BYTES:,} bytes, not a checkpoint index")
+        check_pickle(data, path)  # bounded before any object is built
+        try:
+            metadata = MetadataUnpickler(io.BytesIO(data), path).load()
+        except UnsafeCheckpoint:
+            raise
+        except Exception as e:  # truncated or not a pickle at all: the unpickler's errors vary
+            why = f"{type(e).__name__}: {first_line(e, 200)}"
+            raise PiconeoxError(f"{path}: not a readable checkpoint index ({why})") from None
         if not isinstance(metadata, Metadata):
             raise PiconeoxError(f"{path}: not a checkpoint index (holds a {type(metadata).__name__})")
+        if why := index_problem(metadata):
+            raise PiconeoxError(f"{path}: not a checkpoint index piconeox wrote: {why}")
         check_storage(Path(self.path), metadata, path)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+    def read_data(self, plan, planner):
+        """DCP's read, but every record is checked before torch.load sees it (utils/ckpt/bounded.py): a value
+        record is read only up to MAX_VALUE_BYTES, a tensor record must be a torch zip of stored records."""
+        from torch.distributed._shard._utils import narrow_tensor_by_index
+        from torch.distributed.checkpoint.planner import LoadItemType
+        from torch.futures import Future
+
+        per_file: dict[str, list] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        for name, items in per_file.items():
+            path = Path(self.path) / name
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                for item in items:
+                    info = self.storage_data[item.storage_index]
+                    if not 0 <= info.offset <= info.offset + info.length <= size:  # /dev/zero has size 0
+                        raise PiconeoxError(f"{path}: record {item.dest_index.fqn} claims bytes {info.offset:,} to "
+                                            f"{info.offset + info.length:,} of a file of {size:,}")
+                    view = RecordView(f, info.offset, info.length)
+                    if item.type == LoadItemType.BYTE_IO:
+                        if info.length > MAX_VALUE_BYTES:
+                            raise PiconeoxError(f"{path}: value {item.dest_index.fqn} claims {info.length:,} bytes; "
+                                                f"at most {MAX_VALUE_BYTES:,} are read")
+                        planner.load_bytes(item, io.BytesIO(view.read(info.length)))
+                        continue
+                    tensor = narrow_tensor_by_index(weights_only_load(view, path, item=item.dest_index.fqn),
+                                                    item.storage_offsets, item.lengths)
+                    target = planner.resolve_tensor(item).detach()
+                    if target.size() != tensor.size():
+                        raise PiconeoxError(f"{path}: {item.dest_index.fqn} holds {list(tensor.size())} values "
+                                            f"where the model has {list(target.size())}")
+                    target.copy_(tensor)
+                    planner.commit_tensor(item, target)
+        done: Future = Future()
+        done.set_result(None)
+        return done
+
+
+def index_problem(metadata) -> str | None:
+    """What in a DCP index our writer never puts there, or None: entries other than tensors (with a dtype, a
+    shape and chunks inside it) and values; storage records that need a transform (DCP's extensions decompress)."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+    def shape(value) -> bool:
+        return isinstance(value, torch.Size) and all(type(n) is int and n >= 0 for n in value)
+
+    entries = metadata.state_dict_metadata
+    if not isinstance(entries, dict) or not isinstance(metadata.storage_data, dict):
+        return "its entries or storage records are not dictionaries"
+    for key, m in entries.items():
+        if isinstance(m, BytesStorageMetadata) and isinstance(key, str):
+            continue
+        if not (isinstance(key, str) and isinstance(m, TensorStorageMetadata) and shape(m.size)
+                and isinstance(getattr(m.properties, "dtype", None), torch.dtype) and isinstance(m.chunks, list)
+                and all(shape(c.offsets) and shape(c.sizes) and len(c.offsets) == len(c.sizes) == len(m.size) and
+                        all(o + n <= d for o, n, d in zip(c.offsets, c.sizes, m.size)) for c in m.chunks)):
+            return f"entry {str(key)[:100]!r} is not a tensor with a dtype, a shape and chunks inside it"
+    if any(getattr(info, "transform_descriptors", None) for info in metadata.storage_data.values()):
+        return "a storage record needs a transform (compression); piconeox writes none"
+    return None
 
 
 def check_storage(folder: Path, metadata, path) -> None:
@@ -113,19 +197,21 @@ def check_storage(folder: Path, metadata, path) -> None:
                                 f"of {name}, which has {max(sizes[name], 0)} bytes")
 
 
-def weights_only_load(source, path, allow=(), item: str = ""):
+def weights_only_load(source, path, allow=(), item: str = "", mmap: bool = False):
     """`torch.load(weights_only=True)` of `source` (the file `path`, or its part `item`) with the extra globals
-    `allow`; a refusal is one UnsafeCheckpoint line."""
+    `allow`, once check_torch_zip has bounded it; a refusal is one UnsafeCheckpoint line. `mmap`: tensors stay
+    on disk (`source` a path)."""
+    check_torch_zip(source, path, item)  # stored records only, a pickle of bounded size and depth
     try:
         with torch.serialization.safe_globals(list(allow)):
-            return torch.load(source, map_location="cpu", weights_only=True)
+            return torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:  # torch's message is a paragraph: keep the global it names
         found = (re.search(r"GLOBAL (\S+)", str(e)) or re.search(r"got <class '([^']+)'>", str(e))
                  or re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(e)))
         what = found.group(1) if found else "an object torch.load(weights_only=True) refuses"
         raise refusal(path, what + (f" (in {item})" if item else "")) from None
     except (RuntimeError, EOFError, ValueError) as e:
-        raise PiconeoxError(f"{path}: not a readable state file ({str(e).splitlines()[0][:200]})") from None
+        raise PiconeoxError(f"{path}: not a readable state file ({first_line(e, 200)})") from None
 
 
 def load_small_state(path: Path):

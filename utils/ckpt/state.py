@@ -28,6 +28,51 @@ def rng_state() -> dict:
     return state
 
 
+def rng_to_json(state: dict) -> dict:
+    """`state` (rng_state()'s, or an older checkpoint's rng-*.pt) as plain JSON values: ints, floats, hex strings."""
+    version, internal, gauss = state["python"]
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    out = {"python": [version, list(internal), gauss],
+           "numpy": [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+           "torch": torch.as_tensor(state["torch"], dtype=torch.uint8).numpy().tobytes().hex()}
+    if "cuda" in state:
+        out["cuda"] = torch.as_tensor(state["cuda"], dtype=torch.uint8).numpy().tobytes().hex()
+    return out
+
+
+def rng_from_json(saved: dict) -> dict:
+    """The state rng_to_json wrote, checked value by value (a ValueError says what is wrong): a hostile file
+    sets no generator to a state it could not have had, and fails here rather than mid-run."""
+    def words(values, n, what):
+        if not (isinstance(values, list) and len(values) == n and
+                all(type(v) is int and 0 <= v < 2**32 for v in values)):
+            raise ValueError(f"{what} must be {n} integers from 0 to 2**32 - 1")
+        return values
+
+    def raw(text, n, what):
+        if not isinstance(text, str) or len(text) > 2 * n or len(bytes.fromhex(text)) != n:
+            raise ValueError(f"{what} must be {n} bytes in hex")
+        return torch.frombuffer(bytearray.fromhex(text), dtype=torch.uint8)
+
+    if not isinstance(saved, dict) or not {"python", "numpy", "torch"} <= saved.keys():
+        raise ValueError("expected a JSON object with python, numpy and torch states")
+    version, internal, gauss = saved["python"]
+    words(internal[:-1], 624, "python's state")
+    if version != 3 or type(internal[-1]) is not int or not 0 <= internal[-1] <= 624 or \
+            not (gauss is None or type(gauss) is float):
+        raise ValueError("python's state must be [3, 625 integers, a float or null]")
+    name, keys, pos, has_gauss, cached = saved["numpy"]
+    if name != "MT19937" or type(pos) is not int or not 0 <= pos <= 624 or has_gauss not in (0, 1) or \
+            type(cached) not in (int, float):
+        raise ValueError("numpy's state must be [MT19937, 624 integers, position 0..624, 0 or 1, a float]")
+    state = {"python": (3, tuple(internal), gauss),
+             "numpy": (name, np.array(words(keys, 624, "numpy's keys"), dtype=np.uint32), pos, has_gauss, cached),
+             "torch": raw(saved["torch"], torch.get_rng_state().numel(), "torch's state")}
+    if "cuda" in saved and torch.cuda.is_available():
+        state["cuda"] = raw(saved["cuda"], torch.cuda.get_rng_state().numel(), "cuda's state")
+    return state
+
+
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])

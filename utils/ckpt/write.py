@@ -13,11 +13,11 @@ from typing import Iterator
 
 import torch
 
-from utils.atomic import atomic_write, atomic_write_json
+from utils.atomic import atomic_write_json
 from utils.ckpt.format import (DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, manifest, read_marker, regular_file,
                                rng_name, write_marker)
 from utils.ckpt.load import checked, read_weights
-from utils.ckpt.state import Snapshot
+from utils.ckpt.state import Snapshot, rng_to_json
 from utils.errors import PiconeoxError
 from utils.atomic import atomic_dir, check_output_dir
 from utils.interop.portable import make_portable
@@ -34,8 +34,7 @@ def write_shards(snap: Snapshot, folder: Path, group=None) -> list[str]:
     # loader asks torch.cuda for a stream whenever a GPU is visible, opening a context on a CPU run's GPU 0
     dcp.save(snap.state, storage_writer=dcp.FileSystemWriter(folder, per_thread_copy_ahead=0), process_group=group,
              no_dist=snap.world_size == 1)
-    with atomic_write(folder / rng_name(snap.rank)) as f:
-        torch.save(snap.rng, f)
+    atomic_write_json(folder / rng_name(snap.rank), rng_to_json(snap.rng))  # no pickle: a load builds no objects
     names = sorted(p.name for p in folder.glob(f"__{snap.rank}_*.distcp")) + [rng_name(snap.rank)]
     if snap.is_writer_of_common_files:
         names += [DCP_INDEX] + write_common(snap, folder)
@@ -43,17 +42,14 @@ def write_shards(snap: Snapshot, folder: Path, group=None) -> list[str]:
 
 
 def write_common(snap: Snapshot, folder: Path) -> list[str]:
-    """config.json, the tokenizer and one file per registered part (<name>.json or <name>.pt); returns the names."""
+    """config.json, the tokenizer and one <name>.json per registered part; returns the names. Small states are
+    JSON, never pickles: reading them can build no object and run no code."""
     snap.hf_config.save_pretrained(folder)
     names = ["config.json"] + [Path(p).name for p in snap.tokenizer.save_pretrained(folder)]
     names += make_portable(folder)  # transformers 4.x, 5.x and the converters read it the same way
-    for name, (suffix, state) in snap.common.items():
-        if suffix == "json":
-            atomic_write_json(folder / f"{name}.json", state)
-        else:
-            with atomic_write(folder / f"{name}.pt") as f:
-                torch.save(state, f)
-        names.append(f"{name}.{suffix}")
+    for name, (_, state) in snap.common.items():
+        atomic_write_json(folder / f"{name}.json", state)
+        names.append(f"{name}.json")
     return sorted(set(names))
 
 
@@ -107,12 +103,12 @@ def link_copy(src: Path, folder: Path, extra: Path | None = None) -> Path:
 def write_consolidated(folder: Path, into: Path, weights: str | None = None) -> None:
     """config.json + model.safetensors of the checkpoint `folder`, written into the existing folder `into`;
     `weights`: the sharded part whose weights replace the model's (e.g. "ema"), None for the model's own."""
-    from transformers import GPTNeoXConfig
+    from utils.ckpt.hf_folder import checked_config
 
     state = read_weights(folder)
     if weights:
         state.update(read_weights(folder, weights))
-    save_pretrained_weights(GPTNeoXConfig.from_pretrained(folder), state, into)
+    save_pretrained_weights(checked_config(folder), state, into)
     make_portable(into, tokenizer_dir=folder)
 
 

@@ -1,4 +1,5 @@
-"""BlockLoader: packed (input_ids, labels) batches from memory-mapped shards, with an exact resume point.
+"""BlockLoader: packed (input_ids, labels) batches from memory-mapped shards (at most MAX_OPEN_SHARDS open at once),
+with an exact resume point.
 
 The shards of a split form one token stream. Block i is tokens [i*T, i*T + T + 1) of it (T = seq_len),
 so blocks run across document and shard boundaries and labels are the inputs shifted by one. Each epoch
@@ -9,6 +10,7 @@ depend on the world size and a run can resume on a different number of GPUs.
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Iterator
 
@@ -19,6 +21,7 @@ from utils.errors import PiconeoxError
 from utils.data.shards import SPLITS, open_shard, verify_dataset
 
 STATE_KEYS = ("epoch", "blocks_consumed", "seq_len", "seed")
+MAX_OPEN_SHARDS = 32
 
 
 class BlockLoader:
@@ -44,7 +47,9 @@ class BlockLoader:
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
         self.vocab_size = manifest.vocab_size
-        self._shards = [open_shard(data_dir, s) for s in shards]
+        # Shards open on first use and at most MAX_OPEN_SHARDS at once: each map holds a file descriptor, and a
+        # 51B-token dataset of 1,369 shards must train under the common `ulimit -n 1024`.
+        self._shard = functools.lru_cache(maxsize=MAX_OPEN_SHARDS)(lambda i: open_shard(data_dir, shards[i]))
         self._starts = np.cumsum([0] + [s.tokens for s in shards])  # stream offset of each shard
         self.blocks_per_epoch = max(0, (int(self._starts[-1]) - 1) // seq_len)
         self.tokens_per_epoch = self.blocks_per_epoch * seq_len
@@ -75,7 +80,7 @@ class BlockLoader:
         shard = int(np.searchsorted(self._starts, pos, side="right")) - 1
         while pos < end:
             offset = pos - int(self._starts[shard])
-            piece = self._shards[shard][offset: offset + end - pos]
+            piece = self._shard(shard)[offset: offset + end - pos]
             out[filled: filled + len(piece)] = piece
             filled, pos, shard = filled + len(piece), pos + len(piece), shard + 1
 

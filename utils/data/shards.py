@@ -12,24 +12,24 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from utils.atomic import atomic_write, atomic_write_json
 from utils.crc import INDEX_NAME, CrcIndex, crc32c_file
 from utils.errors import PiconeoxError
-from utils.data.tokenizers import TOKENIZER_FILE, file_sha256
+from utils.data.tokenizers import TOKENIZER_FILE, file_sha256, read_tokenizer
 from utils.storage.base import no_link_below
+from utils.textfile import read_json
 
 SPLITS = ("train", "val")
 MANIFEST_FILE = "manifest.json"
+MAX_SHARDS = 100_000  # 5T tokens of 50M-token shards; a manifest of 1M entries would take minutes to check
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -131,7 +131,13 @@ def read_manifest(data_dir: str | os.PathLike) -> Manifest:
     if not path.is_file():
         raise PiconeoxError(f"{path} not found: {data_dir} is not a prepared dataset (run prepare_data.py)")
     try:
-        return Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        raw = read_json(path)  # bounded in size and depth
+    except PiconeoxError as e:
+        raise PiconeoxError(f"{e}: {path.name} is not a valid manifest; prepare the data again") from None
+    if len(raw.get("shards") or ()) > MAX_SHARDS:
+        raise PiconeoxError(f"{path}: {len(raw['shards']):,} shards, more than the {MAX_SHARDS:,} allowed")
+    try:
+        return Manifest.from_dict(raw)
     except (ValueError, KeyError, TypeError) as e:
         raise PiconeoxError(f"{path} is not a valid manifest ({e}): prepare the data again") from None
 
@@ -167,7 +173,7 @@ def verify_dataset(data_dir: str | os.PathLike, check_crc: bool = False, expecte
     if expected_tokenizer_sha256 is not None and sha != expected_tokenizer_sha256:
         raise PiconeoxError(f"{tok_path} (sha256 {sha[:12]}) is not the tokenizer the model was trained "
                             f"with ({expected_tokenizer_sha256[:12]})")
-    tok_vocab = Tokenizer.from_file(str(tok_path)).get_vocab_size()
+    tok_vocab = read_tokenizer(tok_path).get_vocab_size()
     if tok_vocab != manifest.vocab_size:
         raise PiconeoxError(f"{tok_path} has {tok_vocab} ids but the manifest says vocab size "
                             f"{manifest.vocab_size}: prepare the data again")

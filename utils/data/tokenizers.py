@@ -30,6 +30,7 @@ EOT = "<|endoftext|>"
 KINDS = ("char", "byte", "bpe")
 BPE_MIN_VOCAB, BPE_MAX_VOCAB = 257, 65_535
 TOKENIZER_FILE = "tokenizer.json"
+MAX_TOKENS = 1 << 21  # vocab entries and merges a tokenizer.json may hold (GPT-NeoX's: 50,277 and 50,009)
 
 
 def check_vocab_size(kind: str, vocab_size: int | None) -> None:
@@ -157,6 +158,24 @@ def file_sha256(path: str | os.PathLike) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def read_tokenizer(path: str | os.PathLike, flag: str = "") -> Tokenizer:
+    """tokenizer.json as a Tokenizer, once its size and its counts of tokens and merges are within bounds (3M merges
+    would take minutes and gigabytes to build); anything else is one PiconeoxError line."""
+    from utils.textfile import read_json
+
+    label = f"{flag} {path}".lstrip()
+    model = read_json(path, flag).get("model")
+    if not isinstance(model, dict):
+        raise PiconeoxError(f"{label} is not a tokenizer.json (no model object)")
+    for what in ("vocab", "merges"):
+        if len(model.get(what) or ()) > MAX_TOKENS:
+            raise PiconeoxError(f"{label}: {len(model[what]):,} {what} entries, more than the {MAX_TOKENS:,} allowed")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception on a bad file
+        raise PiconeoxError(f"{label} is not a readable tokenizer ({str(e).splitlines()[0][:200]})") from None
+
+
 def checkpoint_tokenizer(source: str | os.PathLike) -> tuple[Tokenizer, Path]:
     """The tokenizer.json of a checkpoint folder (or the file itself) for `prepare_data.py --tokenizer-from`.
 
@@ -173,10 +192,7 @@ def checkpoint_tokenizer(source: str | os.PathLike) -> tuple[Tokenizer, Path]:
     if not path.is_file():
         raise PiconeoxError(f"--tokenizer-from {source}: no {TOKENIZER_FILE} there (give a checkpoint folder "
                             f"holding one, or the file)")
-    try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises a bare Exception on bad JSON
-        raise PiconeoxError(f"--tokenizer-from {source}: {path} is not a readable tokenizer ({e})") from None
+    tok = read_tokenizer(path, f"--tokenizer-from {source}:")
     if tok.token_to_id(EOT) is None:
         raise PiconeoxError(f"--tokenizer-from {source}: the tokenizer has no {EOT} token to separate documents with")
     return tok, path
@@ -189,6 +205,7 @@ def load_tokenizer(data_dir: str | os.PathLike):
     path = Path(data_dir) / TOKENIZER_FILE
     if not path.is_file():
         raise PiconeoxError(f"{path} not found: prepare the data first (python prepare_data.py ...)")
+    read_tokenizer(path)  # bounded before transformers builds it
     return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token=EOT, pad_token=EOT,
                                    clean_up_tokenization_spaces=False)
 

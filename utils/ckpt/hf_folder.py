@@ -1,0 +1,129 @@
+"""What a model folder (ours, or a Hugging Face folder a user downloaded) must be before a model is built from it.
+
+- GPT-NeoX, read with transformers' GPT-NeoX classes directly: a folder never gets to name its own code. One
+  whose config.json names another model_type, or whose config.json / tokenizer_config.json carry an `auto_map`
+  (transformers would ask "Do you wish to run the custom code?"), is refused in one line.
+- Sizes within LIMITS and equal to what the weight files hold (read from their headers or index, no tensor
+  loaded): `num_hidden_layers: 100000` over two layers of weights is refused, not built.
+- A tokenizer.json within bounds (utils.data.tokenizers.read_tokenizer) with no more ids than the model's
+  embedding has rows.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from utils.textfile import read_json
+from utils.errors import PiconeoxError, first_line
+
+LIMITS = {"num_hidden_layers": 1024, "hidden_size": 1 << 16, "num_attention_heads": 1024,
+          "intermediate_size": 1 << 18, "vocab_size": 1 << 21, "max_position_embeddings": 1 << 20}
+CODE_KEYS = ("auto_map",)
+LAYER = re.compile(r"^gpt_neox\.layers\.(\d+)\.")
+
+
+def gpt_neox_config(folder: Path, flag: str = ""):
+    """The folder's GPTNeoXConfig once config.json is GPT-NeoX, names no code and has sane sizes."""
+    from transformers import GPTNeoXConfig
+
+    folder = Path(folder)
+    raw = read_json(folder / "config.json", flag.strip())
+    tokenizer_config = folder / "tokenizer_config.json"
+    for name, saved in (("config.json", raw), (tokenizer_config.name, read_json(tokenizer_config, flag.strip())
+                                                if tokenizer_config.is_file() else {})):
+        if any(key in saved for key in CODE_KEYS):
+            raise PiconeoxError(f"{flag}{folder}/{name}: asks to run the folder's own code (auto_map); piconeox "
+                                "loads GPT-NeoX models with transformers' own classes and never runs a folder's code")
+    if raw.get("model_type") != "gpt_neox":
+        raise PiconeoxError(f"{flag}{folder}: model_type {raw.get('model_type')!r} is not GPT-NeoX; piconeox loads "
+                            "gpt_neox models only (e.g. Pythia)")
+    for key, top in LIMITS.items():
+        value = raw.get(key)
+        if value is not None and not (type(value) is int and 1 <= value <= top):
+            raise PiconeoxError(f"{flag}{folder}/config.json: {key} {value!r} is out of range: give 1..{top:,}")
+    try:
+        return GPTNeoXConfig.from_dict(raw)
+    except (ValueError, TypeError, KeyError) as e:
+        raise PiconeoxError(f"{flag}{folder}/config.json: not a GPT-NeoX config ({first_line(e, 200)})")
+
+
+def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of the model weights a folder holds, read from file headers (no tensor is loaded)."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    if (folder / ".metadata").is_file():  # our step folders (DCP)
+        from utils.ckpt.format import MARKER, check_complete
+        from utils.ckpt.safe_load import SafeFileSystemReader
+
+        if (folder / MARKER).exists() and (reason := check_complete(folder)):  # sizes: a damaged folder says so
+            raise PiconeoxError(reason)
+        meta = SafeFileSystemReader(str(folder)).read_metadata().state_dict_metadata
+        return {k[len("model."):]: tuple(m.size) for k, m in meta.items() if k.startswith("model.") and
+                hasattr(m, "size")}
+    if (folder / "pytorch_model.bin").is_file() and not (folder / "model.safetensors").is_file():
+        from utils.ckpt.safe_load import weights_only_load  # bounded, then memory-mapped: no tensor is read
+
+        state = weights_only_load(folder / "pytorch_model.bin", folder / "pytorch_model.bin", mmap=True)
+        if not isinstance(state, dict):
+            raise PiconeoxError(f"{folder}/pytorch_model.bin: holds a {type(state).__name__}, not a state dict")
+        return {k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}
+    index = folder / "model.safetensors.index.json"
+    weight_map = read_json(index).get("weight_map") if index.is_file() else {"": "model.safetensors"}
+    files = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
+    shapes = {}
+    for name in files:
+        if Path(name).name != name or not (folder / name).is_file():
+            return {}
+        with safe_open(folder / name, "pt") as f:
+            shapes.update({key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})
+    return shapes
+
+
+def check_weights(config, shapes: dict[str, tuple[int, ...]], folder: Path, flag: str = "") -> None:
+    """Refuse a config.json whose sizes are not those of the weights beside it, before anything is built."""
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    found = {int(m.group(1)) for key in shapes if (m := LAYER.match(key))}
+    if found != set(range(layers)):
+        raise PiconeoxError(f"{flag}{folder}: config.json says {layers} layers, the weights hold {len(found)} "
+                            f"(layer numbers {min(found, default=0)}..{max(found, default=-1)})")
+    expect = {"gpt_neox.embed_in.weight": (config.vocab_size, hidden)}
+    for i in range(layers):
+        expect[f"gpt_neox.layers.{i}.attention.query_key_value.weight"] = (3 * hidden, hidden)
+        expect[f"gpt_neox.layers.{i}.mlp.dense_h_to_4h.weight"] = (config.intermediate_size, hidden)
+    for key, shape in expect.items():
+        if shapes.get(key) != shape:
+            raise PiconeoxError(f"{flag}{folder}: config.json describes {key} as {list(shape)}, the weights hold "
+                                f"{list(shapes[key]) if key in shapes else 'none'}")
+
+
+def checked_config(folder: Path, flag: str = ""):
+    """gpt_neox_config, checked against the folder's weights when it has safetensors or DCP weights."""
+    config = gpt_neox_config(folder, flag)
+    shapes = weight_shapes(folder)
+    if shapes:
+        check_weights(config, shapes, Path(folder), flag)
+    return config
+
+
+def tokenizer_problem(path: Path, model_vocab: int) -> str | None:
+    """Why tokenizer.json at `path` is not one to load with this model (too large, too many tokens or merges, not a
+    tokenizer, ids beyond the model's embedding), or None."""
+    from utils.data.tokenizers import read_tokenizer
+
+    try:
+        size = read_tokenizer(path).get_vocab_size()
+    except PiconeoxError as e:
+        return str(e)
+    if size > model_vocab:
+        return f"{path}: vocab mismatch: the tokenizer has {size} ids but the model's embedding has {model_vocab} rows"
+    return None
+
+
+def load_tokenizer(folder: Path, model_vocab: int, flag: str = ""):
+    """The folder's tokenizer as transformers' PreTrainedTokenizerFast (never a class the folder names)."""
+    from transformers import PreTrainedTokenizerFast
+
+    if why := tokenizer_problem(Path(folder) / "tokenizer.json", model_vocab):
+        raise PiconeoxError(f"{flag}{why}")
+    return PreTrainedTokenizerFast.from_pretrained(str(folder))
