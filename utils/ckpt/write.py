@@ -21,6 +21,7 @@ from utils.ckpt.load import checked, read_weights
 from utils.ckpt.state import Snapshot
 from utils.errors import PiconeoxError
 from utils.atomic import atomic_dir, check_output_dir
+from utils.diskfull import check_space, raise_if_full
 from utils.interop.portable import make_portable
 
 
@@ -29,16 +30,38 @@ def write_shards(snap: Snapshot, folder: Path, group=None) -> list[str]:
     index and the common files. Returns the names this rank wrote."""
     import torch.distributed.checkpoint as dcp
 
+    from torch.distributed.checkpoint.api import CheckpointException
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    dcp.save(snap.state, storage_writer=dcp.FileSystemWriter(folder), process_group=group,
-             no_dist=snap.world_size == 1)
-    with atomic_write(folder / rng_name(snap.rank)) as f:
-        torch.save(snap.rng, f)
+    needed, what = tensor_bytes(snap.state), f"checkpoint {folder.name} (rank {snap.rank}'s shard)"
+    check_space(folder.parent, needed, what)
+    try:
+        dcp.save(snap.state, storage_writer=dcp.FileSystemWriter(folder), process_group=group,
+                 no_dist=snap.world_size == 1)
+        with atomic_write(folder / rng_name(snap.rank)) as f:
+            torch.save(snap.rng, f)
+    except (Exception, CheckpointException) as e:  # DCP's is a BaseException: it would kill the saver thread
+        raise_if_full(e, folder.parent, what, needed)
+        if isinstance(e, CheckpointException):
+            first = next(iter(e.failures.values()), (e,))[0]
+            raise PiconeoxError(f"{type(first).__name__}: {first}") from None
+        raise
     names = sorted(p.name for p in folder.glob(f"__{snap.rank}_*.distcp")) + [rng_name(snap.rank)]
     if snap.is_writer_of_common_files:
         names += [DCP_INDEX] + write_common(snap, folder)
     return names
+
+
+def tensor_bytes(state) -> int:
+    """Bytes of every tensor in a nested state dict: what its files need on disk, at least."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(v) for v in state)
+    return 0
 
 
 def write_common(snap: Snapshot, folder: Path) -> list[str]:
@@ -58,10 +81,17 @@ def write_common(snap: Snapshot, folder: Path) -> list[str]:
 
 def write_weights(snap: Snapshot, folder: Path) -> Path:
     """best/: consolidated weights (from_pretrained format), tokenizer and small states, atomically."""
-    with atomic_dir(folder) as tmp:
-        save_pretrained_weights(snap.hf_config, snap.weights, tmp)
-        write_common(snap, tmp)
-        write_marker(tmp, snap.step, snap.world_size, manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
+    needed = tensor_bytes(snap.weights)
+    check_space(Path(folder).parent, needed, f"checkpoint {Path(folder).name}")
+    try:
+        with atomic_dir(folder) as tmp:
+            save_pretrained_weights(snap.hf_config, snap.weights, tmp)
+            write_common(snap, tmp)
+            write_marker(tmp, snap.step, snap.world_size,
+                         manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
+    except Exception as e:
+        raise_if_full(e, Path(folder).parent, f"checkpoint {Path(folder).name}", needed)
+        raise
     return Path(folder)
 
 
@@ -146,6 +176,14 @@ def consolidate(folder: Path, out: Path) -> Path:
 def publish_final(last: Path, final: Path, consolidate_weights: bool, log) -> None:
     """final/: the last step (hard links) plus its weights consolidated for from_pretrained; a stop on a signal
     skips the consolidation (no time for it) and says how to do it later."""
+    try:
+        _publish_final(last, final, consolidate_weights, log)
+    except OSError as e:
+        raise_if_full(e, final.parent, f"{final.name}/ (hard links and the consolidated weights)")
+        raise
+
+
+def _publish_final(last: Path, final: Path, consolidate_weights: bool, log) -> None:
     reason = check_complete(last)
     if reason:  # the save failed, or several machines hold the shards (the bucket has them all)
         log.warning(f"final/ not written: {reason}")
