@@ -22,6 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from utils.atomic import check_writable_dir  # noqa: E402
+from utils.errors import CliParser, cli  # noqa: E402
+
 # Every key each stage's lines carry, GPU and CPU mode alike (tests/test_gpu_check.py holds the CPU mode to it).
 KEYS = {
     "env": ["python", "torch", "cuda", "transformers", "accelerate", "gpu", "gpu_memory_gb", "free_disk_gb",
@@ -253,13 +256,19 @@ def stage_fsdp(out: Path, cpu: bool, steps: int) -> None:
 STAGES = {"env": stage_env, "kernels": stage_kernels, "train": stage_train, "save": stage_save, "fsdp": stage_fsdp}
 
 
+@cli
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("stage", choices=[*STAGES, "all"])
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--cpu-smoke", action="store_true")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20 on a GPU, 6 on CPU)")
     args = p.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps {args.steps}: must be at least 1")
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"--out {args.out} is a file, not a folder; choose another path")
+    check_writable_dir(args.out, "--out")
     args.out.mkdir(parents=True, exist_ok=True)
     steps = args.steps or (6 if args.cpu_smoke else 20)  # 6: quiet steps on both sides of the mid-run save
     for name in STAGES if args.stage == "all" else [args.stage]:

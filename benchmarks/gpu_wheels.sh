@@ -4,6 +4,8 @@
 # folder with the device tool (carry: [".gpu-wheels"]); benchmarks/gpu_check.sh installs them first.
 #   benchmarks/gpu_wheels.sh [--python-version 3.11]
 set -euo pipefail
+# Ctrl-C: the Python child stops cleanly and may exit 0; the script must stop too, with 130, not go on.
+trap 'echo "error: interrupted" >&2; exit 130' INT TERM
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=python3
 [ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"

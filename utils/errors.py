@@ -56,9 +56,8 @@ def cli(main: Callable[..., int | None]) -> Callable[..., int]:
             return finish(INTERRUPTED, f"error: {e}")
         except PiconeoxError as e:  # under utils/launch.py the launcher prints it once, for every rank
             return finish(REFUSED, f"error: {e}")
-        except KeyboardInterrupt:
-            print("error: interrupted", file=sys.stderr)
-            return 130
+        except KeyboardInterrupt:  # recorded like any outcome: under the launcher too, 130 and one line
+            return finish(INTERRUPTED, "error: interrupted")
 
     return run
 
