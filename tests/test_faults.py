@@ -88,3 +88,36 @@ for what, write in [("plot", lambda: MetricsWriter({str(disk)!r}, True, ()).plot
     assert proc.returncode == 2
     assert f"no space left in {disk}: dataset d" in one_error_line(proc)
     assert sorted(p.name for p in disk.iterdir()) == ["filler", "training.log"]  # nothing of the dataset
+
+
+def test_an_interrupt_under_the_launcher_is_130_and_one_line(tmp_path):
+    """Item 2: a worker's second Ctrl-C (KeyboardInterrupt inside `cli`) reaches utils/launch.py as 130 and one
+    line; the launcher said "a training process failed with exit code 1" before."""
+    worker = tmp_path / "worker.py"
+    worker.write_text("import sys\nfrom utils.errors import cli\n\n@cli\ndef main(argv=None):\n"
+                      "    raise KeyboardInterrupt\n\nsys.exit(main())\n")
+    proc = subprocess.run([sys.executable, str(REPO / "utils" / "launch.py"), "--cpu", "--num_processes", "1",
+                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(worker)],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130 and one_error_line(proc) == "error: interrupted", proc.stderr[-2000:]
+
+
+def test_ctrl_c_stops_the_benchmark_script_instead_of_running_the_next_command(tmp_path):
+    """Item 2: train.py stops cleanly on Ctrl-C and exits 0, so shakespeare_char.sh went on to score and to the next
+    preset (or failed there, exit 1); now it exits 130 once the run has stopped."""
+    text = tmp_path / "small.txt"
+    text.write_text("ROMEO: a short play.\nJULIET: and its reply, again and again.\n" * 3000)
+    proc = subprocess.Popen(["bash", str(REPO / "benchmarks" / "shakespeare_char.sh"), "--presets",
+                             "shakespeare-char"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**ENV, "SHAKESPEARE_TEXT": str(text)})
+    seen = []
+    for line in proc.stdout:  # signal the whole group once the first run trains, as a terminal's Ctrl-C does
+        seen.append(line)
+        if "global batch" in line:
+            os.killpg(proc.pid, 2)
+            break
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 130, "".join(seen) + rest
+    assert "SIGINT received" in rest and "piconeox shakespeare-char:" not in rest, rest  # no scoring after it
+    assert rest.strip().endswith("error: interrupted") and "Traceback" not in rest, rest
