@@ -123,7 +123,7 @@ def preflight(cfg, pretrained, processes: int | None = None) -> Path | None:
         cfg.train.for_world(processes)
     s = cfg.run
     name, run_dir, log_dir = run_dirs(cfg)
-    with runlock.for_launcher(s.output_dir, name):  # held for the whole run unless a check here refuses it
+    with runlock.for_launcher(s.output_dir, name, s.log_dir):  # held for the whole run unless a check here refuses it
         check_new_run(s.resume, run_dir, log_dir)
         if "wandb" in parse_report_to(s.report_to):
             check_wandb_login()  # caught here, not after the model is built
@@ -206,7 +206,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     train_loader, val_loader = make_loaders(data_dir, tc, accelerator)
     cfg = replace(cfg, model=cfg.model.with_vocab(train_loader.vocab_size)).validate()
     name, run_dir, log_dir = run_dirs(cfg)
-    runlock.hold_for_run(cleanup, s.output_dir, name, accelerator)  # every process, for as long as it writes
+    runlock.hold_for_run(cleanup, s.output_dir, name, accelerator, s.log_dir)  # every process, while it writes
     # refused before its first step, the run takes back what it created (utils/run/run_folders.py)
     claim = claim_run_dirs(s.resume, run_dir, log_dir, accelerator.is_main_process, cleanup)
     log = setup_logging(log_dir / "training.log", accelerator.is_main_process)

@@ -9,8 +9,16 @@ trap 'echo "error: interrupted" >&2; exit 130' INT TERM
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=python3
 [ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"
-pyver=${2:-$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')}
-[ "${1:-}" = "" ] || [ "${1:-}" = "--python-version" ] || { echo "error: unknown option '$1' (allowed: --python-version X.Y)" >&2; exit 2; }
+pyver=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --python-version) [[ "${2:-}" =~ ^3\.[0-9]{1,2}$ ]] \
+                        || { echo "error: --python-version needs a version like 3.11, got '${2:-}'" >&2; exit 2; }
+                      pyver=$2; shift 2 ;;
+    *) echo "error: unknown argument '$1' (allowed: --python-version X.Y)" >&2; exit 2 ;;
+  esac
+done
+[ -n "$pyver" ] || pyver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 "$PY" -m pip download --quiet --dest "$ROOT/.gpu-wheels" --only-binary=:all: --platform manylinux2014_x86_64 \
   --python-version "$pyver" google-cloud-storage google-crc32c
 echo "wheels in $ROOT/.gpu-wheels ($(ls "$ROOT/.gpu-wheels" | wc -l) files)"
