@@ -20,6 +20,7 @@ import numpy as np
 from rp2040.runtime import fixed as fx
 from rp2040.runtime.modelfile import HEADER_SIZE, FormatError, Header, Layout
 from utils.errors import PiconeoxError
+from utils.textfile import read_text
 
 LIMIT = 2 ** 31
 
@@ -264,6 +265,12 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
     if not windows:
         raise PiconeoxError("the text is too short: it needs at least 2 tokens")
     torch_model = load_model(checkpoint)  # float32, eval; checked against its marker when it has one
+    c, h = torch_model.config, ref.h
+    theirs, ours = (c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads), \
+        (h.vocab, h.hidden, h.layers, h.heads)
+    if theirs != ours:
+        raise PiconeoxError(f"--checkpoint {checkpoint} is another model (vocab, hidden, layers, heads {theirs}) than "
+                            f"{model_dir} ({ours}): pass the checkpoint it was exported from")
     totals = {"int8 reference": 0.0, "PyTorch f32": 0.0}
     count = 0
     for w in windows:
@@ -292,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             raise PiconeoxError(f"--max-tokens {args.max_tokens} must be >= 1")
         if not args.text.is_file():
             raise PiconeoxError(f"--text {args.text} is not a file")
-        text = args.text.read_text(encoding="utf-8", errors="replace")
+        text = read_text(args.text, "--text")  # a binary file is one line, not a loss on replacement characters
         losses = val_losses(args.model_dir, text, args.checkpoint, args.max_tokens)
     except (PiconeoxError, FormatError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
