@@ -255,9 +255,16 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
     checkpoint = Path(checkpoint or config["source"])
-    if not (checkpoint / "tokenizer.json").is_file():
-        raise PiconeoxError(f"{checkpoint} has no tokenizer.json; pass --checkpoint, the folder the model came from")
+    if not all((checkpoint / name).is_file() for name in ("tokenizer.json", "config.json")):
+        raise PiconeoxError(f"{checkpoint} has no tokenizer.json or config.json; pass --checkpoint, the folder the "
+                            "model came from")
     ref = ReferenceModel(Path(model_dir) / "model.bin")
+    c, h = json.loads((checkpoint / "config.json").read_text()), ref.h
+    theirs = tuple(c.get(k) for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"))
+    if theirs != (h.vocab, h.hidden, h.layers, h.heads):
+        raise PiconeoxError(f"--checkpoint {checkpoint} is another model (vocab, hidden, layers, heads {theirs}) than "
+                            f"{model_dir} ({(h.vocab, h.hidden, h.layers, h.heads)}): pass the checkpoint it was "
+                            "exported from")
     ids = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(text, add_special_tokens=False).ids
     ids = ids[:max_tokens + 1]
     ctx = ref.h.context
@@ -265,12 +272,6 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
     if not windows:
         raise PiconeoxError("the text is too short: it needs at least 2 tokens")
     torch_model = load_model(checkpoint)  # float32, eval; checked against its marker when it has one
-    c, h = torch_model.config, ref.h
-    theirs, ours = (c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads), \
-        (h.vocab, h.hidden, h.layers, h.heads)
-    if theirs != ours:
-        raise PiconeoxError(f"--checkpoint {checkpoint} is another model (vocab, hidden, layers, heads {theirs}) than "
-                            f"{model_dir} ({ours}): pass the checkpoint it was exported from")
     totals = {"int8 reference": 0.0, "PyTorch f32": 0.0}
     count = 0
     for w in windows:

@@ -121,3 +121,113 @@ def test_ctrl_c_stops_the_benchmark_script_instead_of_running_the_next_command(t
     assert proc.wait(timeout=120) == 130, "".join(seen) + rest
     assert "SIGINT received" in rest and "piconeox shakespeare-char:" not in rest, rest  # no scoring after it
     assert rest.strip().endswith("error: interrupted") and "Traceback" not in rest, rest
+
+
+def test_damage_and_one_line_refusals(tmp_path, tiny_data):
+    """Items 3, 4, 5, 7, 8, 10 and 11 in one interpreter (tests/test_bad_inputs.py's driver): each refused in one
+    line with exit 2, and nothing written or replaced."""
+    from tests.rp2040_models import save_checkpoint
+    from tests.test_bad_inputs import assert_one_error_line, binary_file, run_cli_cases
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    from rp2040.export import export
+    from tests.test_interop import write_run
+
+    write_run(tmp_path / "runs" / "r", "byte")  # a checkpoint to_gguf exports (so main overwrote the files below)
+    best = tmp_path / "runs" / "r" / "best"
+    pico = save_checkpoint("rp2040-speed", tmp_path / "pico")[0]
+    other = save_checkpoint("pico-fast", tmp_path / "other")[0]
+    exported = tmp_path / "exported"
+    export(pico, exported, "int8")
+    png = binary_file(tmp_path / "image.png")
+    (tmp_path / "empty-dir.yaml").write_text("run:\n  output_dir:\n")
+    (tmp_path / "empty-prompt.yaml").write_text("run:\n  sample_prompt:\n")
+    (tmp_path / "locks-a-file").mkdir()
+    (tmp_path / "locks-a-file" / ".locks").write_text("")
+    (tmp_path / "lock-a-folder" / ".locks" / "r.lock").mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom utils.run import runlock\n"
+                               "with runlock.holding(sys.argv[1], 'r', 'train.py'):\n    print('held', flush=True)\n"
+                               "    time.sleep(300)\n", str(tmp_path / "logs")], cwd=REPO, env=ENV,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"  # another run named r writes --log-dir logs
+    before = {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*") if ".locks" not in p.parts}
+    run = ["train", "--data", str(tiny_data), "--run-name", "r", "--max-steps", "1"]
+    cases = [
+        # 3. to_gguf --out: a user's file, or a file inside a checkpoint
+        ("utils.to_gguf", [str(best), "--out", str(notes)], "exists and is not a GGUF file"),
+        ("utils.to_gguf", [str(best), "--out", str(best / "model.safetensors")], "is a checkpoint folder"),
+        ("utils.to_gguf", [str(best), "--out", str(best / "model.gguf")], "is a checkpoint folder"),
+        # 4. the lock covers --log-dir: another --output-dir, the same log folder
+        (run[0], [*run[1:], "--output-dir", str(tmp_path / "ckpt2"), "--log-dir", str(tmp_path / "logs")],
+         "run r is still being written by pid"),
+        # 5 and 8: timeouts before the launch
+        ("train", ["--preflight", "--step-timeout-minutes", "1e12"], "--step-timeout-minutes 1e+12: must be"),
+        ("train", ["--preflight", "--collective-timeout-minutes", "1e12"], "from 0.5 to 10080"),
+        ("train", ["--preflight", "--step-timeout-minutes", "0.0001"], "--step-timeout-minutes 0.0001: must be"),
+        # 7. lock files that are not lock files
+        (run[0], [*run[1:], "--output-dir", str(tmp_path / "locks-a-file")], "is a file, not the folder of run locks"),
+        (run[0], [*run[1:], "--output-dir", str(tmp_path / "lock-a-folder")], "is a folder, not a lock file"),
+        # 10. the benchmark scripts' Python CLIs
+        ("benchmarks.gpu_check", ["train", "--cpu-smoke", "--out", str(tmp_path / "g"), "--steps", "-3"],
+         "--steps -3: must be at least 1"),
+        ("benchmarks.gpu_check", ["train", "--cpu-smoke", "--out", str(tmp_path / "g"), "--steps", "0"],
+         "--steps 0: must be at least 1"),
+        ("benchmarks.gpu_check", ["env", "--cpu-smoke", "--out", str(notes)], "is a file, not a folder"),
+        ("benchmarks.gpu_check", ["env", "--cpu-smoke", "--out", str(notes / "x")], "is a file, not a folder"),
+        ("benchmarks.gpu_check", ["env", "--cpu-smoke", "--out", "/proc/piconeox"], "cannot write in /proc"),
+        ("benchmarks.chaos_lifecycle", ["--kills", "-1"], "--kills -1: must be at least 0"),
+        ("benchmarks.chaos_lifecycle", ["--procs", "2", "0"], "--procs 2 0: must be at least 1"),
+        ("benchmarks.chaos_lifecycle", ["--bogus"], "unrecognized arguments: --bogus"),
+        ("benchmarks.phases", ["demo", "--config", "pico-bset"], "unknown preset 'pico-bset'"),
+        ("benchmarks.phases", ["demo", "--set", "train.max_steps"], "--set 'train.max_steps': expected SECTION.KEY"),
+        # 11. silent successes
+        ("rp2040.reference", [str(exported), "--text", png], "not UTF-8 at byte 0"),
+        ("rp2040.reference", [str(exported), "--text", str(notes), "--checkpoint", str(other)], "is another model"),
+        ("utils.push_checkpoint", [str(tmp_path / "runs" / "r"), "--checkpoint-bucket", str(tmp_path / "bucket"),
+                                   "--credentials", str(tmp_path / "key.json")], "key.json: no such file"),
+        ("train", ["--preflight", "--config-file", str(tmp_path / "empty-dir.yaml")], "run.output_dir is empty"),
+        ("train", ["--preflight", "--config-file", str(tmp_path / "empty-prompt.yaml")], "run.sample_prompt is empty"),
+    ]
+    try:
+        results = run_cli_cases([(m, argv) for m, argv, _ in cases], tmp_path)
+    finally:
+        holder.kill()
+    for (module, argv, message), (code, err) in zip(cases, results):
+        assert_one_error_line(code, err, message, f"{module} {' '.join(argv)}")
+    after = {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*") if ".locks" not in p.parts}
+    assert after == before  # nothing written, nothing replaced
+
+
+def test_the_printed_next_commands_run_from_another_folder_with_spaces_and_non_ascii(tmp_path):
+    """Item 9: the "next:" commands, as printed, run from another working directory with a run path holding a
+    space and non-ASCII letters (they were unquoted, and `-m utils.generate` needs the repository as its folder)."""
+    from tests.rp2040_models import save_checkpoint
+    from utils.report.summary import next_commands
+
+    run_dir = tmp_path / "my runs" / "été"
+    save_checkpoint("rp2040-speed", run_dir / "best")
+    line = next_commands("test", run_dir, stopped=False).splitlines()[1].strip()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = subprocess.run(["bash", "-c", line.replace("200", "3")], cwd=elsewhere, env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("Once upon a time"), (line, proc.stderr[-2000:])
+
+
+def test_fresh_starts_in_one_second_keep_every_earlier_best(tmp_path, monkeypatch):
+    """Item 6: `--resume auto` with no complete checkpoint moves best/ aside; a second fresh start within the same
+    second moved its best/ onto the first one's name (a rename onto it failed, or replaced an empty one)."""
+    import logging
+    import time as clock
+
+    from utils.run.run_folders import keep_earlier_best
+
+    monkeypatch.setattr(clock, "gmtime", lambda *_: clock.struct_time((2026, 11, 26, 18, 0, 0, 3, 330, 0)))
+    for attempt in ("first", "second"):
+        (tmp_path / "best").mkdir()
+        (tmp_path / "best" / "model.safetensors").write_text(attempt)
+        keep_earlier_best(tmp_path, logging.getLogger("test"))
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == ["best-earlier-20261126-180000", "best-earlier-20261126-180000-2"], kept
+    assert [(tmp_path / k / "model.safetensors").read_text() for k in kept] == ["first", "second"]
