@@ -27,7 +27,7 @@ class DiskFull(PiconeoxError):
 
 
 def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
+    return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB"
 
 
 def free_bytes(folder: str | os.PathLike) -> int | None:

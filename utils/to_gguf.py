@@ -41,6 +41,7 @@ def main(argv=None) -> int:
     from utils.generate import load_checkpoint_model
     from utils.interop.gguf_export import OUT_TYPES, export_gguf
     from utils.atomic import check_output_file
+    from utils.diskfull import one_line_when_full
 
     if args.type not in OUT_TYPES:
         raise PiconeoxError(f"--type {args.type!r} is not one of {', '.join(OUT_TYPES)}")
@@ -49,7 +50,8 @@ def main(argv=None) -> int:
     model, tokenizer = load_checkpoint_model(args.checkpoint)
     ckpt = Path(args.checkpoint).resolve()
     name = ckpt.parent.name if ckpt.name in ("best", "final") else ckpt.name  # the run's name
-    counts = export_gguf(model, tokenizer.backend_tokenizer, args.out, args.type, name=name)
+    with one_line_when_full(args.out.absolute().parent, f"GGUF file {args.out.name}"):
+        counts = export_gguf(model, tokenizer.backend_tokenizer, args.out, args.type, name=name)
     print(f"wrote {args.out} ({', '.join(f'{n} {t}' for t, n in counts.items())} tensors)")
     return 0
 

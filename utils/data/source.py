@@ -92,9 +92,11 @@ def local_dataset(train_cfg, accelerator, credentials: str | None) -> Path:
         with accelerator.local_main_process_first(), preparing(out):  # one process per machine prepares it
             if not (out / "manifest.json").exists():
                 from utils.data.prepare import prepare
+                from utils.diskfull import one_line_when_full
 
-                prepare(["demo"], name=out.name, out_dir=out.parent, tokenizer=train_cfg.tokenizer,
-                        vocab_size=train_cfg.tokenizer_vocab, dataset_percent=train_cfg.dataset_percent)
+                with one_line_when_full(out.parent, f"the demo dataset {out.name}"):
+                    prepare(["demo"], name=out.name, out_dir=out.parent, tokenizer=train_cfg.tokenizer,
+                            vocab_size=train_cfg.tokenizer_vocab, dataset_percent=train_cfg.dataset_percent)
         return out
     if accelerator.num_processes > 1:  # a download inside the process group would hold every other rank
         raise PiconeoxError(f"--data {train_cfg.data}: {accelerator.num_processes} processes cannot sync it; launch "
