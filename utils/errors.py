@@ -61,7 +61,8 @@ def cli(main: Callable[..., int | None]) -> Callable[..., int]:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
                 raise
             where = f"{e.filename}: " if e.filename else ""
-            return finish(REFUSED, f"error: {where}{e.strerror}; free some space or choose another folder")
+            fix = "choose a writable folder" if e.errno == errno.EROFS else "free some space or choose another folder"
+            return finish(REFUSED, f"error: {where}{e.strerror}; {fix}")
         except KeyboardInterrupt:  # recorded like any outcome: under the launcher too, 130 and one line
             return finish(INTERRUPTED, "error: interrupted")
 
