@@ -237,5 +237,5 @@ def test_a_process_bound_to_its_launcher_gets_sigterm_when_the_launcher_is_kille
     launcher.kill()
     launcher.wait()
     wait_for("the bound process to end", lambda: not alive(child), timeout=5)
-    late = subprocess.run([sys.executable, str(REPO / "utils" / "lifeline.py"), "1", "sleep", "60"], timeout=10)
+    late = subprocess.run([sys.executable, str(REPO / "utils" / "run" / "lifeline.py"), "1", "sleep", "60"], timeout=10)
     assert late.returncode == -signal.SIGTERM  # its launcher was already gone: it stops at once
