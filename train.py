@@ -458,7 +458,7 @@ def finish(run: Run, reason: str) -> int:
             not_uploaded = closing_word(run.uploader.store, run.run_dir, run.cfg.run.checkpoint_bucket,
                                         run.cfg.run.credentials, log)
         log.info(where_things_are(run.run_dir, run.log_dir, run.cfg.run.log_dir))
-        log.info(next_commands(run.cfg.preset, run.run_dir, stopped=stop.stopping,
+        log.info(next_commands(run.cfg.preset, run.run_dir, stopped=run.vote.stopping,
                                last=None if tc.best_and_final else last))
         run.metrics.close()
     run.accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort

@@ -120,6 +120,7 @@ def test_ctrl_c_stops_the_benchmark_script_instead_of_running_the_next_command(t
     rest = proc.stdout.read()
     assert proc.wait(timeout=120) == 130, "".join(seen) + rest
     assert "SIGINT received" in rest and "piconeox shakespeare-char:" not in rest, rest  # no scoring after it
+    assert "continue this run: the same command plus --resume auto" in rest, rest  # item 9: the next: block
     assert rest.strip().endswith("error: interrupted") and "Traceback" not in rest, rest
 
 
