@@ -98,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         summary = run(args)
     except KeyboardInterrupt:
         raise Interrupted("interrupted; no partial file was kept under its final name, re-run to resume") from None
+    if any("No space left on device" in line for line in summary.errors):
+        from utils.diskfull import disk_full
+
+        raise disk_full(args.dest or ".", "the dataset")
     for line in summary.errors:
         print(f"failed: {line}", file=sys.stderr)
     print(report(summary, pushing=bool(args.push), dry_run=args.dry_run))

@@ -21,6 +21,7 @@ from utils.data.documents import DECODE_ERRORS, INPUT_HELP
 from utils.data.prepare import DEFAULT_SHARD_TOKENS, DOCUMENT_RULE, VAL_SPLITS, prepare
 from utils.data.shards import SPLITS, read_manifest
 from utils.data.tokenizers import KINDS
+from utils.diskfull import DiskFull, raise_if_full
 from utils.errors import CliParser, Interrupted, PiconeoxError, cli
 
 
@@ -78,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; {kept}") from None
     except OSError as e:  # e.g. the disk filled up: the previous dataset is still intact
-        raise PiconeoxError(f"{e.filename or args.out_dir}: {e.strerror}; {kept}") from None
+        try:
+            raise_if_full(e, args.out_dir, f"dataset {args.name}")
+        except DiskFull as full:
+            raise PiconeoxError(f"{full}; {kept}") from None
+        raise PiconeoxError(f"{e.filename or args.out_dir}: {e.strerror or e}; {kept}") from None
     m = read_manifest(data_dir)
     splits = ", ".join(f"{s} {m.split_tokens(s):,} tokens in {len(m.split_shards(s))} shards "
                        f"({m.documents[s]:,} docs)" for s in SPLITS)

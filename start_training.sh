@@ -66,6 +66,8 @@ need_int() {
 ROOT=$(dirname "$0")
 PY=python3
 [ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"
+"$PY" -c 'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("torch", "transformers", "accelerate"))))' \
+  || die "no .venv in $ROOT and $PY lacks torch/transformers/accelerate: run ./setup.sh first"
 
 preset="" gpus="" procs="" cpu_group="" machines="" rank="" ip="" port="" acc_config="" mp="" dry_run=0
 train_args=()

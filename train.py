@@ -221,7 +221,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     train_loader, val_loader = make_loaders(data_dir, tc, accelerator)
     cfg = replace(cfg, model=cfg.model.with_vocab(train_loader.vocab_size)).validate()
     name, run_dir, log_dir = run_dirs(cfg)
-    runlock.hold_for_run(cleanup, s.output_dir, name, accelerator)  # every process, for as long as it writes
+    runlock.hold_for_run(cleanup, s.output_dir, name, accelerator, s.log_dir)  # every process, while it writes
     # refused before its first step, the run takes back what it created (utils/run/run_folders.py)
     claim = claim_run_dirs(s.resume, run_dir, log_dir, accelerator.is_main_process, cleanup)
     log = setup_logging(log_dir / "training.log", accelerator.is_main_process)
@@ -431,7 +431,7 @@ def finish(run: Run, reason: str) -> int:
         run.report.summary(state.step, reason, state.best_val_loss, run.log_dir, sample[0] if sample else None,
                            torch.cuda.max_memory_allocated() / 1e9 if cuda else None)
         log.info(where_things_are(run.run_dir, run.log_dir, run.cfg.run.log_dir))
-        log.info(next_commands(run.cfg.preset, run.run_dir, stopped=stop.stopping,
+        log.info(next_commands(run.cfg.preset, run.run_dir, stopped=run.vote.stopping,
                                last=None if tc.best_and_final else run.ckpt.step_folder(state.step)))
         run.metrics.close()
     run.accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort

@@ -9,6 +9,8 @@
 # run's last evaluation. The baseline runs first, then HEAD, one after the other on the same box.
 # The last line: `first command: A s, demo val loss X (HEAD) vs B s, Y (REV), ratio R`.
 set -euo pipefail
+# Ctrl-C: the Python child stops cleanly and may exit 0; the script must stop too, with 130, not go on.
+trap 'echo "error: interrupted" >&2; exit 130' INT TERM
 cd "$(dirname "$0")/.."
 BASELINE=b73f96e  # the commit whose first command the README's "today" figures (3,000 steps, 0.305) describe
 CONFIG=pico-best
@@ -24,6 +26,7 @@ done
 git rev-parse --verify -q "$BASELINE^{commit}" > /dev/null \
   || { echo "error: --baseline $BASELINE is not a commit of this repository" >&2; exit 2; }
 [ -x .venv/bin/python ] || { echo "error: no .venv here: run ./setup.sh first" >&2; exit 2; }
+.venv/bin/python train.py --config "$CONFIG" --print-plan > /dev/null || exit $?  # a typo: one line, exit 2
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 

@@ -22,6 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from utils.atomic import check_writable_dir  # noqa: E402
+from utils.errors import CliParser, cli  # noqa: E402
+
 # Every key each stage's lines carry, GPU and CPU mode alike (tests/test_gpu_check.py holds the CPU mode to it).
 KEYS = {
     "env": ["python", "torch", "cuda", "transformers", "accelerate", "gpu", "gpu_memory_gb", "free_disk_gb",
@@ -294,14 +297,20 @@ STAGES = {"env": stage_env, "kernels": stage_kernels, "train": stage_train, "sav
           "resume": stage_resume, "fsdp": stage_fsdp}
 
 
+@cli
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("stage", choices=[*STAGES, "all"])
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--cpu-smoke", action="store_true")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20 on a GPU, 6 on CPU)")
     p.add_argument("--variant", choices=VARIANTS, default="base", help="the train stage's run (default base)")
     args = p.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps {args.steps}: must be at least 1")
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"--out {args.out} is a file, not a folder; choose another path")
+    check_writable_dir(args.out, "--out")
     args.out = args.out.resolve()  # the runs start in it: a relative path would point inside itself
     args.out.mkdir(parents=True, exist_ok=True)
     steps = args.steps or (6 if args.cpu_smoke else 20)  # 6: quiet steps on both sides of the mid-run save

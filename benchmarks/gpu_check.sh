@@ -22,6 +22,8 @@ die() { echo "error: $*" >&2; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=python3
 [ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"
+"$PY" -c 'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("torch", "transformers", "accelerate"))))' \
+  || die "no .venv in $ROOT and $PY lacks torch/transformers/accelerate: run ./setup.sh first"
 case "${1:-}" in
   env|kernels|train|save|resume|fsdp|all) ;;
   -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;

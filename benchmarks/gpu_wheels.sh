@@ -7,6 +7,8 @@
 #   benchmarks/gpu_wheels.sh [--python-version X.Y]   the box's Python (default: this one's); e.g. 3.12
 set -euo pipefail
 die() { echo "error: $*" >&2; exit 2; }
+# Ctrl-C: the Python child stops cleanly and may exit 0; the script must stop too, with 130, not go on.
+trap 'echo "error: interrupted" >&2; exit 130' INT TERM
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=python3
 [ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"

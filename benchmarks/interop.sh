@@ -10,6 +10,8 @@
 # `python -m utils.to_gguf`. Venvs and the build are cached under $INTEROP_CACHE (default .cache/interop,
 # git-ignored); the first run downloads ~2 GB and builds for a while (make -j2, nice 10).
 set -euo pipefail
+# Ctrl-C: the Python child stops cleanly and may exit 0; the script must stop too, with 130, not go on.
+trap 'echo "error: interrupted" >&2; exit 130' INT TERM
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "error: give at least one checkpoint folder (e.g. checkpoints/<run>/best)" >&2; exit 2; }
 for ckpt in "$@"; do

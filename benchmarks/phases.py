@@ -47,6 +47,7 @@ from utils.report import metrics, progress, summary  # noqa: E402,F401
 from utils.ckpt import resume, uploader  # noqa: E402,F401
 from utils.data import source  # noqa: E402
 from utils.data.shards import read_manifest  # noqa: E402
+from utils.errors import CliParser, cli  # noqa: E402
 
 T_IMPORTS = now()
 spent: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
@@ -92,13 +93,16 @@ def run_train(argv: list[str]) -> int:
     return 0
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+@cli
+def main(argv=None) -> None:
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", help="a text file, or demo (the built-in stories, prepared inside the run)")
     p.add_argument("--config", default="shakespeare-char")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--sample-prompt", help="default: ROMEO: for a text file, the run's own for demo")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if bad := [kv for kv in args.set if "=" not in kv]:
+        p.error(f"--set {bad[0]!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=100")
     cfg = resolve_config(args.config, None, dict(kv.split("=", 1) for kv in args.set))
     demo = args.text == "demo"
     timed(source, "local_dataset", "data check/load" + (" (demo prepared on first use)" if demo else ""))
@@ -157,4 +161,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -18,6 +18,8 @@
 # the other on the same box; its step-2000 checkpoint is then scored on the same val blocks with its own model.py.
 # The last line: the wall time of our quickest run whose val loss is at or below nanoGPT's, against nanoGPT's.
 set -euo pipefail
+# Ctrl-C: the Python child stops cleanly and may exit 0; the script must stop too, with 130, not go on.
+trap 'echo "error: interrupted" >&2; exit 130' INT TERM
 cd "$(dirname "$0")/.."
 NANOGPT=""
 PRESETS=shakespeare-char,shakespeare-char-fast
@@ -30,13 +32,18 @@ while [ $# -gt 0 ]; do
     *) echo "error: unknown argument $1 (allowed: --vs-nanogpt PATH, --presets LIST)" >&2; exit 2 ;;
   esac
 done
+[ -n "${PRESETS//,/}" ] || { echo "error: --presets '$PRESETS' names no preset" >&2; exit 2; }
 TEXT=${SHAKESPEARE_TEXT:-../shared/data/tinyshakespeare/input.txt}
 [ -f "$TEXT" ] || { echo "error: $TEXT not found (see ../shared/data/PROVENANCE.md)" >&2; exit 2; }
 if [ -n "$NANOGPT" ] && ! [ -f "$NANOGPT/train.py" -a -f "$NANOGPT/data/shakespeare_char/prepare.py" ]; then
   echo "error: --vs-nanogpt $NANOGPT is not a nanoGPT checkout (no train.py and data/shakespeare_char/prepare.py)" >&2
   exit 2
 fi
+[ -x .venv/bin/python ] || { echo "error: no .venv here: run ./setup.sh first" >&2; exit 2; }
 PY=$PWD/.venv/bin/python
+for preset in ${PRESETS//,/ }; do  # a typo is one line now, not after the first preset's run
+  $PY train.py --config "$preset" --print-plan > /dev/null || exit $?
+done
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 seconds_since() { echo "$(date +%s.%N) - $1" | bc; }

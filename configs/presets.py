@@ -93,6 +93,8 @@ def _coerce(value, annotation: str, key: str):
     if optional and (raw is None or raw in ("", "null", "none", "None")):
         return None
     base = annotation.replace("| None", "").strip()
+    if raw is None:  # `key:` with nothing after it in YAML: not the string "None"
+        raise PiconeoxError(f"{key} is empty: give a {base} value, or leave the setting out for its default")
     try:
         if base == "bool":
             if isinstance(raw, bool):

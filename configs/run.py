@@ -59,6 +59,10 @@ class RunSettings(ConfigBase):
         from utils.storage import is_remote, parse_gs_url
         from utils.report.trackers import parse_report_to
 
+        for key in ("output_dir", "log_dir"):  # "" would write into the current folder
+            if not str(getattr(self, key)).strip():
+                raise PiconeoxError(f"run.{key} is empty: give a value, or leave it out for its default "
+                                    f"({getattr(RunSettings, key)!r})")
         check_timeout(self.collective_timeout_minutes)
         check_timeout(self.step_timeout_minutes, "--step-timeout-minutes", 10)
         check_grace_seconds(self.grace_seconds)

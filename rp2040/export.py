@@ -30,6 +30,7 @@ from utils.atomic import atomic_write_json
 from utils.ckpt.format import find_checkpoint
 from utils.errors import CliParser, PiconeoxError, cli
 from utils.atomic import atomic_dir, check_output_dir
+from utils.diskfull import one_line_when_full
 
 DEFAULT_RAM_BUDGET_KB = 180
 DEFAULT_MIN_FREE_KB = 100
@@ -386,7 +387,8 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
         "runtime": {"stream": stream},
         "generation": GENERATION_DEFAULTS,
     }
-    with atomic_dir(out) as tmp:
+    with one_line_when_full(Path(out).absolute().parent, f"exported model {Path(out).name}",
+                            len(model_bin) + len(vocab_bin)), atomic_dir(out) as tmp:
         (tmp / "model.bin").write_bytes(model_bin)
         (tmp / "vocab.bin").write_bytes(vocab_bin)
         atomic_write_json(tmp / "config.json", config)

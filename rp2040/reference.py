@@ -20,6 +20,7 @@ import numpy as np
 from rp2040.runtime import fixed as fx
 from rp2040.runtime.modelfile import HEADER_SIZE, FormatError, Header, Layout
 from utils.errors import PiconeoxError
+from utils.textfile import read_text
 
 LIMIT = 2 ** 31
 
@@ -255,10 +256,17 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
     checkpoint = Path(checkpoint or config["source"])
-    if not (checkpoint / "tokenizer.json").is_file():
-        raise PiconeoxError(f"{checkpoint} has no tokenizer.json; pass --checkpoint, the folder the model came from")
+    if not all((checkpoint / name).is_file() for name in ("tokenizer.json", "config.json")):
+        raise PiconeoxError(f"{checkpoint} has no tokenizer.json or config.json; pass --checkpoint, the folder the "
+                            "model came from")
     check_model(Path(model_dir) / "model.bin")  # a header that lies is one line, not a division by zero
     ref = ReferenceModel(Path(model_dir) / "model.bin")
+    c, h = json.loads((checkpoint / "config.json").read_text()), ref.h
+    theirs = tuple(c.get(k) for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"))
+    if theirs != (h.vocab, h.hidden, h.layers, h.heads):
+        raise PiconeoxError(f"--checkpoint {checkpoint} is another model (vocab, hidden, layers, heads {theirs}) than "
+                            f"{model_dir} ({(h.vocab, h.hidden, h.layers, h.heads)}): pass the checkpoint it was "
+                            "exported from")
     ids = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(text, add_special_tokens=False).ids
     ids = ids[:max_tokens + 1]
     ctx = ref.h.context
@@ -294,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             raise PiconeoxError(f"--max-tokens {args.max_tokens} must be >= 1")
         if not args.text.is_file():
             raise PiconeoxError(f"--text {args.text} is not a file")
-        text = args.text.read_text(encoding="utf-8", errors="replace")
+        text = read_text(args.text, "--text")  # a binary file is one line, not a loss on replacement characters
         losses = val_losses(args.model_dir, text, args.checkpoint, args.max_tokens)
     except (PiconeoxError, FormatError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -131,12 +131,17 @@ def timeouts_line(accelerator, vote_group, saver_group, from_step: int) -> str:
             f"checkpoint savers {minutes[2]:g} min)")
 
 
+TIMEOUT_MINUTES = (0.5, 7 * 24 * 60)  # shorter fails healthy steps and saves; longer overflows timedelta/c10d
+
+
 def check_timeout(minutes: float, flag: str = "--collective-timeout-minutes", default: float = 60) -> None:
-    """A timeout flag must be a positive, finite number of minutes."""
+    """A timeout flag must be a number of minutes from 0.5 (a step, a save's collective) to a week."""
     import math
 
-    if not (math.isfinite(minutes) and minutes > 0):
-        raise PiconeoxError(f"{flag} {minutes:g}: must be a positive number of minutes (default {default:g})")
+    low, high = TIMEOUT_MINUTES
+    if not (math.isfinite(minutes) and low <= minutes <= high):
+        raise PiconeoxError(f"{flag} {minutes:g}: must be a positive number of minutes from {low:g} to {high:g} "
+                            f"(a week; default {default:g})")
 
 
 def cpu_group(timeout: timedelta | None = None):

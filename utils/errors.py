@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import os
 import sys
@@ -63,9 +64,14 @@ def cli(main: Callable[..., int | None]) -> Callable[..., int]:
             return finish(INTERRUPTED, f"error: {e}")
         except PiconeoxError as e:  # under utils/launch.py the launcher prints it once, for every rank
             return finish(REFUSED, f"error: {e}")
-        except KeyboardInterrupt:
-            print("error: interrupted", file=sys.stderr)
-            return 130
+        except OSError as e:  # the safety net for a write no check foresaw: a full or read-only disk is no bug
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                raise
+            where = f"{e.filename}: " if e.filename else ""
+            fix = "choose a writable folder" if e.errno == errno.EROFS else "free some space or choose another folder"
+            return finish(REFUSED, f"error: {where}{e.strerror}; {fix}")
+        except KeyboardInterrupt:  # recorded like any outcome: under the launcher too, 130 and one line
+            return finish(INTERRUPTED, "error: interrupted")
 
     return run
 

@@ -160,7 +160,10 @@ def main(argv=None) -> int:
               f"{ppl['byte_perplexity']:.4f}, bits per byte {ppl['bits_per_byte']:.4f}, token perplexity "
               f"{ppl['token_perplexity']:.3f} ({ppl['words']:,} words, {ppl['tokens']:,} tokens)")
     if args.output:
-        atomic_write_json(args.output, out)
+        from utils.diskfull import one_line_when_full
+
+        with one_line_when_full(Path(args.output).absolute().parent, f"--output {Path(args.output).name}"):
+            atomic_write_json(args.output, out)
     return 0
 
 

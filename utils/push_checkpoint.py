@@ -57,6 +57,8 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint-bucket", required=True, metavar="URL", help="the run's --checkpoint-bucket")
     p.add_argument("--credentials", metavar="FILE", help="service-account JSON key for gs://")
     args = p.parse_args(argv)
+    if args.credentials and not Path(args.credentials).is_file():  # a typo is no success, even for a local bucket
+        p.error(f"--credentials {args.credentials}: no such file")
     try:
         print(push(args.run_dir, args.checkpoint_bucket, args.credentials))
     except (UploadIncomplete, StorageError) as e:  # the bucket is still unreachable: try again later

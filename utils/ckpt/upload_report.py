@@ -58,9 +58,11 @@ def upload_report(bucket: Storage, run_dir: Path) -> UploadReport:
 
 def finish_command(run_dir: Path, bucket_root: str, credentials: str | None) -> str:
     """The command that uploads the run's newest checkpoint later (utils/push_checkpoint.py), from any folder."""
-    script = Path(__file__).resolve().parent.parent / "push_checkpoint.py"
+    script = Path(__file__).resolve().parents[1] / "push_checkpoint.py"
+    if "://" not in bucket_root:  # a local bucket: relative to this folder, not to wherever the command runs
+        bucket_root = str(Path(bucket_root).absolute())
     words = [sys.executable, str(script), str(Path(run_dir).resolve()), "--checkpoint-bucket", bucket_root]
-    return shlex.join(words + (["--credentials", credentials] if credentials else []))
+    return shlex.join(words + (["--credentials", str(Path(credentials).absolute())] if credentials else []))
 
 
 def closing_word(bucket: Storage, run_dir: Path, bucket_root: str, credentials: str | None, log) -> str | None:

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from utils.ckpt.state import Snapshot
 from utils.ckpt.write import write_weights
 from utils.ckpt.saver import StepSaver
+from utils.diskfull import NO_SPACE
 from utils.errors import PiconeoxError
 from utils.storage import Storage
 
@@ -164,6 +165,8 @@ class CheckpointUploader:
             (log.error if self.rank == 0 else log.debug)(
                 f"checkpoint {r.folder}: {r.error} ({self.consecutive_failures} failure(s) in a row, "
                 f"{self.failures} in total; fatal at {self.max_failures})")
+            if NO_SPACE in r.error and self.fatal is None:  # retrying cannot help: stop now, keep the last one
+                self.fatal = f"{r.error}; the last complete checkpoint is kept"
             if self.consecutive_failures >= self.max_failures and self.fatal is None:
                 self.fatal = (f"{self.consecutive_failures} checkpoint saves failed in a row (--max-upload-failures "
                               f"{self.max_failures}); last: {r.error}")

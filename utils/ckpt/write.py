@@ -17,9 +17,10 @@ from utils.atomic import atomic_write_json
 from utils.ckpt.format import (DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, manifest, read_marker, regular_file,
                                rng_name, write_marker)
 from utils.ckpt.load import checked, read_weights
-from utils.ckpt.state import Snapshot, rng_to_json
+from utils.ckpt.state import Snapshot, rng_to_json, tensor_bytes, tensor_leaves
 from utils.errors import PiconeoxError
 from utils.atomic import atomic_dir, check_output_dir
+from utils.diskfull import check_space, raise_if_full
 from utils.interop.portable import make_portable
 
 
@@ -28,13 +29,25 @@ def write_shards(snap: Snapshot, folder: Path, group=None) -> list[str]:
     index and the common files. Returns the names this rank wrote."""
     import torch.distributed.checkpoint as dcp
 
+    from torch.distributed.checkpoint.api import CheckpointException
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    # per_thread_copy_ahead=0: the state is staged on the CPU already; DCP's default "copy ahead from the GPU"
-    # loader asks torch.cuda for a stream whenever a GPU is visible, opening a context on a CPU run's GPU 0
-    dcp.save(snap.state, storage_writer=dcp.FileSystemWriter(folder, per_thread_copy_ahead=0), process_group=group,
-             no_dist=snap.world_size == 1)
-    atomic_write_json(folder / rng_name(snap.rank), rng_to_json(snap.rng))  # no pickle: a load builds no objects
+    needed = sum(tensor_bytes(t) for _, t in tensor_leaves(snap.state))
+    what = f"checkpoint {folder.name} (rank {snap.rank}'s shard)"
+    check_space(folder.parent, needed, what)
+    try:
+        # per_thread_copy_ahead=0: the state is staged on the CPU already; DCP's default "copy ahead from the GPU"
+        # loader asks torch.cuda for a stream whenever a GPU is visible, opening a context on a CPU run's GPU 0
+        dcp.save(snap.state, storage_writer=dcp.FileSystemWriter(folder, per_thread_copy_ahead=0),
+                 process_group=group, no_dist=snap.world_size == 1)
+        atomic_write_json(folder / rng_name(snap.rank), rng_to_json(snap.rng))  # no pickle: a load builds no objects
+    except (Exception, CheckpointException) as e:  # DCP's is a BaseException: it would kill the saver thread
+        raise_if_full(e, folder.parent, what, needed)
+        if isinstance(e, CheckpointException):
+            first = next(iter(e.failures.values()), (e,))[0]
+            raise PiconeoxError(f"{type(first).__name__}: {first}") from None
+        raise
     names = sorted(p.name for p in folder.glob(f"__{snap.rank}_*.distcp")) + [rng_name(snap.rank)]
     if snap.is_writer_of_common_files:
         names += [DCP_INDEX] + write_common(snap, folder)
@@ -55,10 +68,17 @@ def write_common(snap: Snapshot, folder: Path) -> list[str]:
 
 def write_weights(snap: Snapshot, folder: Path) -> Path:
     """best/: consolidated weights (from_pretrained format), tokenizer and small states, atomically."""
-    with atomic_dir(folder) as tmp:
-        save_pretrained_weights(snap.hf_config, snap.weights, tmp)
-        write_common(snap, tmp)
-        write_marker(tmp, snap.step, snap.world_size, manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
+    needed = tensor_bytes(snap.weights)
+    check_space(Path(folder).parent, needed, f"checkpoint {Path(folder).name}")
+    try:
+        with atomic_dir(folder) as tmp:
+            save_pretrained_weights(snap.hf_config, snap.weights, tmp)
+            write_common(snap, tmp)
+            write_marker(tmp, snap.step, snap.world_size,
+                         manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
+    except Exception as e:
+        raise_if_full(e, Path(folder).parent, f"checkpoint {Path(folder).name}", needed)
+        raise
     return Path(folder)
 
 
@@ -157,6 +177,14 @@ def publish_final(last: Path, final: Path, consolidate_weights: bool, log, weigh
     """final/: the last step (hard links) plus its weights consolidated for from_pretrained (`weights`: those of
     a sharded part such as "ema" instead of the model's); a stop on a signal skips the consolidation (no time
     for it) and says how to do it later."""
+    try:
+        _publish_final(last, final, consolidate_weights, log, weights)
+    except OSError as e:
+        raise_if_full(e, final.parent, f"{final.name}/ (hard links and the consolidated weights)")
+        raise
+
+
+def _publish_final(last: Path, final: Path, consolidate_weights: bool, log, weights: str | None) -> None:
     reason = check_complete(last)
     if reason:  # the save failed, or several machines hold the shards (the bucket has them all)
         log.warning(f"final/ not written: {reason}")

@@ -2,6 +2,8 @@
 into this machine's cache. Each check here reads no data, so a mistake is one line before any launch."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 from pathlib import Path
 
 from utils.data.loader import BlockLoader
@@ -67,6 +69,16 @@ def ensure_local(source_url: str, cache_root: Path, credentials: str | None = No
     return dest
 
 
+@contextlib.contextmanager
+def preparing(out: Path):
+    """flock(2) on a file beside `out`: two runs started at once (other names, one demo dataset) prepare it once; the
+    second waits, then finds it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.prepare.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def local_dataset(train_cfg, accelerator, credentials: str | None) -> Path:
     """The local dataset directory: `demo` is prepared on first use (one process per machine first); gs:// is
     synced here only by a single process: with more, start_training.sh syncs it before the launch."""
@@ -77,12 +89,14 @@ def local_dataset(train_cfg, accelerator, credentials: str | None) -> Path:
         return local
     if train_cfg.data == "demo":
         out = Path("data") / data_name(train_cfg)
-        with accelerator.local_main_process_first():  # one process per machine prepares, the others reuse it
+        with accelerator.local_main_process_first(), preparing(out):  # one process per machine prepares it
             if not (out / "manifest.json").exists():
                 from utils.data.prepare import prepare
+                from utils.diskfull import one_line_when_full
 
-                prepare(["demo"], name=out.name, out_dir=out.parent, tokenizer=train_cfg.tokenizer,
-                        vocab_size=train_cfg.tokenizer_vocab, dataset_percent=train_cfg.dataset_percent)
+                with one_line_when_full(out.parent, f"the demo dataset {out.name}"):
+                    prepare(["demo"], name=out.name, out_dir=out.parent, tokenizer=train_cfg.tokenizer,
+                            vocab_size=train_cfg.tokenizer_vocab, dataset_percent=train_cfg.dataset_percent)
         return out
     if accelerator.num_processes > 1:  # a download inside the process group would hold every other rank
         raise PiconeoxError(f"--data {train_cfg.data}: {accelerator.num_processes} processes cannot sync it; launch "

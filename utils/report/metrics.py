@@ -15,6 +15,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from utils.atomic import atomic_write, atomic_write_json
+from utils.diskfull import disk_full, is_no_space, one_line_when_full
 from utils.report.trackers import DEFAULT_REPORT_TO, make_tracker, markdown_block, start_tracker
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -28,6 +29,17 @@ class _TqdmHandler(logging.StreamHandler):
             tqdm.write(self.format(record), file=sys.stderr)
         except Exception:
             self.handleError(record)
+
+
+class _LogFile(logging.FileHandler):
+    """training.log; a full disk ends the run with one line instead of a logging traceback per record."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not is_no_space(error):
+            return super().handleError(record)
+        logging.getLogger("piconeox").removeHandler(self)
+        raise disk_full(Path(self.baseFilename).parent, "training.log")
 
 
 def setup_logging(log_file: Path, is_main: bool) -> logging.Logger:
@@ -47,7 +59,7 @@ def setup_logging(log_file: Path, is_main: bool) -> logging.Logger:
     if is_main:
         log_file = Path(log_file)
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.FileHandler(log_file, encoding="utf-8")
+        file_handler = _LogFile(log_file, encoding="utf-8")
         file_handler.setFormatter(formatter)
         logger.addHandler(file_handler)
         logger.setLevel(logging.INFO)
@@ -106,8 +118,9 @@ class MetricsWriter:
         if not kept:
             return
         self.start()
-        for tracker in self.trackers:
-            tracker.log(kept, step=step)
+        with one_line_when_full(self.log_dir, "the TensorBoard/tracker logs"):
+            for tracker in self.trackers:
+                tracker.log(kept, step=step)
         self.history.append({"step": int(step), **kept})
 
     def text(self, step: int, key: str, text: str) -> None:
@@ -115,13 +128,15 @@ class MetricsWriter:
         if not self.is_main:
             return
         self.start()
-        for tracker in self.trackers:
-            tracker.log({key: markdown_block(text)}, step=step)
+        with one_line_when_full(self.log_dir, "the TensorBoard/tracker logs"):
+            for tracker in self.trackers:
+                tracker.log({key: markdown_block(text)}, step=step)
 
     def save_history(self, path: Path) -> None:
         """Write the history as JSON (a list of {"step": ..., "<key>": value}) atomically."""
         if self.is_main:
-            atomic_write_json(path, self.history)
+            with one_line_when_full(Path(path).parent, Path(path).name):
+                atomic_write_json(path, self.history)
 
     def plot(self, path: Path) -> None:
         """Write a PNG of train and val loss against step (matplotlib's Agg canvas, no display needed)."""
@@ -143,7 +158,7 @@ class MetricsWriter:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
-        with atomic_write(path, "wb") as f:
+        with one_line_when_full(Path(path).parent, f"the loss plot {Path(path).name}"), atomic_write(path, "wb") as f:
             fig.savefig(f, format="png")
 
     def state_dict(self) -> dict:
@@ -157,9 +172,10 @@ class MetricsWriter:
 
     def close(self) -> None:
         """Finish every tracker (flushes TensorBoard, closes the W&B run)."""
-        for tracker in self.trackers:
-            tracker.finish()
-        self.trackers = []
+        trackers, self.trackers = self.trackers, []
+        with one_line_when_full(self.log_dir, "the TensorBoard/tracker logs"):
+            for tracker in trackers:
+                tracker.finish()
 
 
 # Dense (no sparsity) 16-bit tensor-core peak per device, FLOP/s, from NVIDIA datasheets; bf16 and fp16

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -28,29 +29,39 @@ def readable_sample(text: str, eos: str | None, width: int = 100) -> str:
     return f"\n{eos}\n".join(documents)
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 def shown_path(path: Path) -> str:
-    """`path` relative to the current directory when it lies below it (shorter to copy), else absolute."""
-    rel = os.path.relpath(path)
-    return rel if not rel.startswith("..") else str(path)
+    """`path` relative to the repository when it lies below it (the printed commands cd there first), else
+    absolute. Not resolved: a .venv that is a symlink stays `.venv/bin/python`."""
+    path = Path(os.path.abspath(path))
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def command(*words) -> str:
+    """A command line that runs from any folder and any path: cd to the repository, every word quoted."""
+    return f"cd {shlex.quote(str(REPO))} && {shlex.join(shown_path(w) if isinstance(w, Path) else w for w in words)}"
 
 
 def where_things_are(run_dir: Path, log_dir: Path, log_root: str) -> str:
     """The closing line: checkpoints, logs, and the TensorBoard command for them."""
-    tensorboard = shown_path(Path(sys.executable).parent / "tensorboard")
-    return f"checkpoints in {run_dir}, logs in {log_dir} ({tensorboard} --logdir {log_root})"
+    tensorboard = command(Path(sys.executable).parent / "tensorboard", "--logdir", Path(log_root))
+    return f"checkpoints in {run_dir}, logs in {log_dir} ({tensorboard})"
 
 
 def next_commands(preset: str, run_dir: Path, stopped: bool, last: Path | None = None) -> str:
     """What a newcomer runs after training: continue, sample best/ (else final/, else `last`, the newest step when
     a run writes neither), and for Pico presets export."""
-    py = shown_path(Path(sys.executable))
+    py = Path(sys.executable)
     lines = ["next:"]
     if stopped:
         lines.append("  continue this run: the same command plus --resume auto")
     sampled = next((run_dir / name for name in ("best", "final") if (run_dir / name).is_dir()), last)
     if sampled is not None:  # a stop before the first evaluation has no best/ (nor final/ when its save failed)
-        lines.append(f"  {py} -m utils.generate {sampled} --prompt \"Once upon a time\" --max-new-tokens 200")
+        lines.append("  " + command(py, "-m", "utils.generate", Path(sampled), "--prompt", "Once upon a time",
+                                    "--max-new-tokens", "200"))
     if preset.startswith(("rp2040", "pico")):
-        lines.append(f"  {py} -m rp2040.export {run_dir} --out models/{run_dir.name} --dtype int8   "
-                     "# then rp2040.run / rp2040.flash")
+        lines.append("  " + command(py, "-m", "rp2040.export", Path(run_dir), "--out", f"models/{run_dir.name}",
+                                    "--dtype", "int8") + "   # then rp2040.run / rp2040.flash")
     return "\n".join(lines)

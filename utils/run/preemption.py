@@ -37,15 +37,13 @@ class StopRequest:
     """A latch for "stop cleanly": set by a signal or by the trainer, agreed on by all ranks.
 
     grace_seconds: the budget from the request to the end of the process (save + flush).
-    reason: why the stop was requested (None while running).
-    stopping: True once `agreed()` returned True; identical on every rank, unlike `requested`.
+    reason: why the stop was requested (None while running). Whether every rank agreed: `StopVote.stopping`.
     """
 
     def __init__(self, grace_seconds: float = 30.0):
         check_grace_seconds(grace_seconds)
         self.grace_seconds = float(grace_seconds)
         self.reason: str | None = None
-        self.stopping = False
         self._requested_at: float | None = None
         self._previous: dict[int, object] = {}
 

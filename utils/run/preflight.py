@@ -29,7 +29,7 @@ def preflight(cfg, pretrained, folders: tuple[str, Path, Path], processes: int |
         cfg.train.for_world(processes)
     s = cfg.run
     name, run_dir, log_dir = folders
-    with runlock.for_launcher(s.output_dir, name):  # held for the whole run unless a check here refuses it
+    with runlock.for_launcher(s.output_dir, name, s.log_dir):  # held for the run unless a check here refuses it
         check_new_run(s.resume, run_dir, log_dir)
         if "wandb" in parse_report_to(s.report_to):
             check_wandb_login()  # caught here, not after the model is built

@@ -12,6 +12,7 @@ back out of the earlier run's training.log); an earlier run's files are never to
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import time
@@ -97,7 +98,12 @@ def keep_earlier_best(run_dir: Path, log) -> None:
     before its first checkpoint) moves aside instead of being replaced at the first evaluation."""
     best = run_dir / "best"
     if best.is_dir():
-        kept = run_dir / time.strftime("best-earlier-%Y%m%d-%H%M%S", time.gmtime())
+        stamp = time.strftime("best-earlier-%Y%m%d-%H%M%S", time.gmtime())
+        kept = run_dir / stamp
+        for n in itertools.count(2):  # two fresh starts in one second: a rename onto the first would replace it
+            if not kept.exists():
+                break
+            kept = run_dir / f"{stamp}-{n}"
         best.rename(kept)
         log.warning(f"--resume auto starts fresh: the earlier attempt's {best} is kept as {kept}")
 

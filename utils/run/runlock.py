@@ -91,6 +91,8 @@ _warned_no_flock = False
 def _guarded(folder: Path):
     """flock(2) on the folder's guard file; retried when the last release removed it meanwhile. A filesystem
     without locks gets one warning line per process and no guard (per-machine lock names keep machines apart)."""
+    if folder.exists() and not folder.is_dir():
+        raise PiconeoxError(f"{folder} is a file, not the folder of run locks: move it away (no run uses it)")
     while True:
         folder.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
@@ -123,13 +125,16 @@ def _warn_no_flock(folder: Path, e: OSError) -> None:
 
 
 def _read(path: Path) -> list[Holder]:
+    """The holders in the lock file; lines that are no holder (garbage, a torn write) are skipped."""
+    if path.is_dir():
+        raise PiconeoxError(f"lock {path} is a folder, not a lock file: remove it if no run of this name is running")
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_bytes().decode("utf-8", "replace").splitlines()
     except FileNotFoundError:
         return []
     holders = []
     for line in lines:
-        with contextlib.suppress(ValueError, TypeError):
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
             holders.append(Holder(**json.loads(line)))
     return holders
 
@@ -150,6 +155,8 @@ def hold(path: Path, run: str, role: str, pid: int | None = None, warn=None) -> 
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
     with _guarded(path.parent):
         holders = _read(path)
+        if not holders and path.exists() and path.stat().st_size:
+            warn(f"run {run}: taking over the lock {path}, which names no holder (damaged or not a lock)")
         joining = holders and (holders[0].host, holders[0].pid, holders[0].start) == (boss.host, boss.pid, boss.start)
         if holders and not joining:
             live = [h for h in holders if h.alive() is not False]
@@ -194,25 +201,35 @@ def release(path: Path, me: Holder) -> None:
                 path.parent.parent.rmdir()
 
 
-def _checked_path(output_dir: str | Path, run: str) -> Path:
-    check_writable_dir(output_dir, "--output-dir")  # one line for a path under a file or a read-only place
-    if not Path(output_dir).exists():
-        _made_here.add(Path(output_dir))
-    return lock_path(output_dir, run)
+def _checked_paths(output_dir: str | Path, run: str, log_dir: str | Path | None = None) -> list[Path]:
+    """The run's lock beside its checkpoints, and one beside its logs when they live elsewhere: two runs of one
+    name with different --output-dir but one --log-dir would otherwise write one training.log."""
+    paths = []
+    for folder, flag in ((output_dir, "--output-dir"), (log_dir, "--log-dir")):
+        if folder is None:
+            continue
+        check_writable_dir(folder, flag)  # one line for a path under a file or a read-only place
+        path = lock_path(folder, run)
+        if any(os.path.abspath(path) == os.path.abspath(p) for p in paths):
+            continue
+        if not Path(folder).exists():
+            _made_here.add(Path(folder))
+        paths.append(path)
+    return paths
 
 
 @contextlib.contextmanager
-def holding(output_dir: str | Path, run: str, role: str):
-    """This process holds the run's lock inside the block (joins its launcher's, or takes it)."""
-    path = _checked_path(output_dir, run)
-    me = hold(path, run, role)
-    try:
-        yield path
-    finally:
-        release(path, me)
+def holding(output_dir: str | Path, run: str, role: str, log_dir: str | Path | None = None):
+    """This process holds the run's locks inside the block (joins its launcher's, or takes them)."""
+    with contextlib.ExitStack() as held:
+        for path in _checked_paths(output_dir, run, log_dir):
+            me = hold(path, run, role)
+            held.callback(release, path, me)
+        yield
 
 
-def hold_for_run(cleanup: contextlib.ExitStack, output_dir: str | Path, run: str, accelerator) -> None:
+def hold_for_run(cleanup: contextlib.ExitStack, output_dir: str | Path, run: str, accelerator,
+                 log_dir: str | Path | None = None) -> None:
     """Every process of the run holds the lock until `cleanup` closes: each machine's main process first (it may
     take a free one), then the others join. A refusal on any machine reaches every rank."""
     from utils.distributed import all_gather_object
@@ -221,43 +238,47 @@ def hold_for_run(cleanup: contextlib.ExitStack, output_dir: str | Path, run: str
     refusal = None
     if accelerator.is_local_main_process:
         try:
-            cleanup.enter_context(holding(output_dir, run, role))
+            cleanup.enter_context(holding(output_dir, run, role, log_dir))
         except PiconeoxError as e:
             refusal = str(e)
     if refusal := next((r for r in all_gather_object(refusal) if r), None):
         raise PiconeoxError(refusal)
     if not accelerator.is_local_main_process:
-        cleanup.enter_context(holding(output_dir, run, role))
+        cleanup.enter_context(holding(output_dir, run, role, log_dir))
 
 
 @contextlib.contextmanager
-def for_launcher(output_dir: str | Path, run: str):
-    """start_training.sh's preflight: take the lock in the launcher's name (`OWNER_ENV`) and tell the launcher
-    where it is (`NOTE_ENV`), which releases it on exit; given back at once if the block refuses the run.
-    Without the launcher (a bare --preflight) nothing is locked."""
+def for_launcher(output_dir: str | Path, run: str, log_dir: str | Path | None = None):
+    """start_training.sh's preflight: take the locks in the launcher's name (`OWNER_ENV`) and tell the launcher
+    where they are (`NOTE_ENV`, one per line), which releases them on exit; given back at once if the block refuses
+    the run. Without the launcher (a bare --preflight) nothing is locked."""
     if not os.environ.get(OWNER_ENV, "").isdigit():
         yield
         return
-    path = _checked_path(output_dir, run)
-    me = hold(path, run, "start_training.sh", pid=int(os.environ[OWNER_ENV]))
+    taken = []
     try:
+        for path in _checked_paths(output_dir, run, log_dir):
+            taken.append((path, hold(path, run, "start_training.sh", pid=int(os.environ[OWNER_ENV]))))
         yield
     except BaseException:
-        release(path, me)
+        for path, me in taken:
+            release(path, me)
         raise
     if os.environ.get(NOTE_ENV):
-        Path(os.environ[NOTE_ENV]).write_text(os.path.abspath(path))
+        Path(os.environ[NOTE_ENV]).write_text("\n".join(os.path.abspath(path) for path, _ in taken))
 
 
 def main(argv: list[str]) -> int:
-    """`python -m utils.run.runlock release PATH PID`: start_training.sh's exit path (the lock its preflight took)."""
+    """`python -m utils.run.runlock release PATHS PID`: start_training.sh's exit path (the locks its preflight
+    took; PATHS is the note's text, one lock file per line)."""
     if len(argv) != 3 or argv[0] != "release" or not argv[2].isdigit():
         print("usage: python -m utils.run.runlock release LOCK_FILE LAUNCHER_PID", file=sys.stderr)
         return 2
-    path, pid = Path(argv[1]), int(argv[2])
-    for holder in _read(path):
-        if holder.pid == pid and holder.host == socket.gethostname():
-            release(path, holder)
+    pid = int(argv[2])
+    for path in map(Path, filter(None, argv[1].splitlines())):
+        for holder in _read(path):
+            if holder.pid == pid and holder.host == socket.gethostname():
+                release(path, holder)
     return 0
 
 
