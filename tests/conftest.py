@@ -84,6 +84,20 @@ def run(tmp_path, data, *extra, name="run"):
     return code, losses, tmp_path / "ckpt" / name
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_data):
+    """A 10-step run: its output folder (ckpt/run/step-00000010, best/, final/ and logs)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    out = tmp_path_factory.mktemp("trained")
+    code, _, _ = run(out, tiny_data, "--max-steps", "10", "--save-every", "10", "--eval-every", "10",
+                     "--sample-prompt", "")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    assert code == 0
+    return out
+
+
 @pytest.fixture
 def fresh_accelerate_state():
     """Each in-process run builds its own Accelerator."""

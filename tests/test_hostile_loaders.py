@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_remote_resume import one_thread  # noqa: F401 (autouse fixture: torch on one thread)
 from tests.test_safe_load import Payload, torch_bytes
-from tests.test_train import TINY, fresh_accelerate_state, run  # noqa: F401 (autouse: a fresh Accelerator per run)
+from tests.conftest import run
 from utils.ckpt.format import DCP_INDEX, MARKER, manifest, read_marker, write_marker
+
+pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
 
 STEP = "step-00000010"
 EXTRA_MEMORY = 3 << 30
@@ -109,18 +110,6 @@ def replace_record(folder: Path, fqn_start: str, data: bytes) -> None:
         f.write(data)
     (folder / DCP_INDEX).write_bytes(pickle.dumps(meta))
 
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_data):
-    from accelerate.state import AcceleratorState, GradientState
-
-    out = tmp_path_factory.mktemp("trained")
-    code, _, _ = run(out, tiny_data, "--max-steps", "10", "--save-every", "10", "--eval-every", "10",
-                     "--sample-prompt", "")
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    assert code == 0
-    return out
 
 
 @pytest.fixture

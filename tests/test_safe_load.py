@@ -78,19 +78,6 @@ def unrestricted_load(folder: Path, name: str) -> None:
         torch.load(folder / name, weights_only=False)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_data):
-    """A 10-step run: its output folder (ckpt/run/step-00000010, best/, final/ and logs)."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    out = tmp_path_factory.mktemp("trained")
-    code, _, _ = run(out, tiny_data, "--max-steps", "10", "--save-every", "10", "--eval-every", "10",
-                     "--sample-prompt", "")
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    assert code == 0
-    return out
-
 
 @pytest.fixture
 def work(tmp_path, trained):

@@ -33,7 +33,7 @@ def write_shards(snap: Snapshot, folder: Path, group=None) -> list[str]:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    needed = sum(tensor_bytes(t) for _, t in tensor_leaves(snap.state))
+    needed = state_bytes(snap.state)
     what = f"checkpoint {folder.name} (rank {snap.rank}'s shard)"
     check_space(folder.parent, needed, what)
     try:
@@ -54,6 +54,11 @@ def write_shards(snap: Snapshot, folder: Path, group=None) -> list[str]:
     return names
 
 
+def state_bytes(state: dict) -> int:
+    """Bytes of every tensor in a nested state dict (this rank's shards): what its files need on disk, at least."""
+    return sum(tensor_bytes(t) for _, t in tensor_leaves(state))
+
+
 def write_common(snap: Snapshot, folder: Path) -> list[str]:
     """config.json, the tokenizer and one <name>.json per registered part; returns the names. Small states are
     JSON, never pickles: reading them can build no object and run no code."""
@@ -68,7 +73,7 @@ def write_common(snap: Snapshot, folder: Path) -> list[str]:
 
 def write_weights(snap: Snapshot, folder: Path) -> Path:
     """best/: consolidated weights (from_pretrained format), tokenizer and small states, atomically."""
-    needed = tensor_bytes(snap.weights)
+    needed = state_bytes(snap.weights)
     check_space(Path(folder).parent, needed, f"checkpoint {Path(folder).name}")
     try:
         with atomic_dir(folder) as tmp:
