@@ -184,9 +184,10 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     from utils.data.tokenizers import load_tokenizer
     from utils.distributed import compile_layers, make_accelerator, rank0_decides, weights_come_from_rank0
     from utils.run.lifeline import GraceDeadline
-    from utils.lm import auto_micro_batch
+    from utils.lm import auto_micro_batch, checkpoint_activations
     from utils.report.metrics import MetricsWriter, peak_flops, setup_logging
     from utils.optim import build_optimizer, build_scheduler
+    from utils.sharding import check_prepared
     from utils.run.preemption import StopRequest
     from utils.report.progress import TrainReport, log_start
     from utils.run.run_folders import claim_run_dirs, keep_earlier_best
@@ -233,7 +234,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
         build_model(cfg.model, shapes_only=shapes_only)  # shapes only: prepare() brings rank 0's weights
     model.set_attn_implementation(cfg.train.attention)
     if use_activation_checkpointing(cfg, accelerator, cuda):
-        model.activation_checkpointing_enable()
+        checkpoint_activations(model)
         log.info("activation checkpointing on: each layer's activations are recomputed in the backward pass")
     n_params = count_parameters(model)
     if accelerator.is_main_process and (note := grace_warning(n_params, accelerator.num_processes,
@@ -246,10 +247,11 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
         cfg = replace(cfg, train=auto_micro_batch(cfg.train, model, accelerator, shapes_only, log))
         train_loader, val_loader = make_loaders(data_dir, cfg.train, accelerator)
     tc = cfg.train
-    log_start(log, name, cfg, train_loader, accelerator, data_dir, n_params)
     optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
     scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
     model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
+    check_prepared(accelerator, model, sharded)  # still FSDP2 after prepare(), as the start-up line says
+    log_start(log, name, cfg, train_loader, accelerator, data_dir, n_params)
     if tc.compile == "on" or (tc.compile == "auto" and cuda):
         if accelerator.num_processes > 1 and not sharded:  # DDP: one graph per layer, not one per gradient bucket
             compile_layers(accelerator.unwrap_model(model))
@@ -293,6 +295,7 @@ def train_step(run: Run, batches):
 
     from utils import lm
     from utils.ckpt.state import rng_state, set_rng_state
+    from utils.sharding import micro_step
 
     tc, acc = run.cfg.train, run.accelerator
     # Only a stop between micro-steps leaves a half-done step to rewind; with one micro-step there is none.
@@ -302,7 +305,7 @@ def train_step(run: Run, batches):
         if run.vote():
             break
         x, y = lm.to_device(next(batches), acc.device)
-        with acc.no_sync(run.model) if micro < tc.grad_accum_steps - 1 else contextlib.nullcontext():
+        with micro_step(acc, run.model, last=micro == tc.grad_accum_steps - 1):
             with acc.autocast():
                 loss = lm.lm_loss(run.model, x, y)
             acc.backward(loss / tc.grad_accum_steps)
