@@ -98,11 +98,11 @@ def machines(tmp_path, data, count: int, *extra) -> list[subprocess.CompletedPro
     procs = []
     for rank in range(count):
         cwd = tmp_path / f"machine{rank}"
-        cwd.mkdir(exist_ok=True)
+        cwd.mkdir(parents=True, exist_ok=True)
         where = ["--num-machines", str(count), "--machine-rank", str(rank), "--main-process-ip", "127.0.0.1",
                  "--main-process-port", str(port)] if count > 1 else []
         cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", "2", *where,
-               "--accelerate-config", FSDP_CONFIG, "--data", str(data), "--", *TINY, "--batch-size", str(4 // count),
+               "--accelerate-config", FSDP_CONFIG, "--data", str(data), "--", *TINY, "--batch-size", str(2 // count),
                "--grad-accum", "2", "--run-name", "run", "--checkpoint-bucket", str(tmp_path / "bucket"), *extra]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PICONEOX_CPU_FSDP": "1"}
         procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
@@ -123,7 +123,7 @@ def test_hsdp_over_two_machines_resumes_on_one_and_on_two(tmp_path, tiny_data):
     first = tmp_path / "hsdp"
     machines(first, tiny_data, 2)
     log = (first / "machine0" / "logs" / "run" / "training.log").read_text()
-    assert "4 process(es) on cpu (FSDP2 HSDP mesh: 2 replicas (machines) x 2 shards (processes per machine))" in log
+    assert "4 process(es) on cpu:0 (FSDP2 HSDP mesh: 2 replicas (machines) x 2 shards (processes per machine))" in log
     straight = losses_of(first / "machine0")
     step6 = first / "bucket" / "run" / step_dir_name(6)
     assert read_marker(step6)["world_size"] == 4
