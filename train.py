@@ -51,7 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="print parameters, batch, tokens and memory per GPU, then exit")
     p.add_argument("--preflight", action="store_true", help="check every setting, sync a gs:// --data into "
                    "data/gcs-cache/<host>/, print that folder and exit (start_training.sh runs it once per machine)")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan (default 1)")
+    p.add_argument("--print-sharding", action="store_true", help="print fsdp or ddp, what start_training.sh launches "
+                   "on --gpus GPUs in all without --accelerate-config (from the model's size), then exit")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan and --print-sharding (default 1)")
     p.add_argument("--processes", type=int, metavar="N", help="with --preflight: the training processes the launch "
                    "starts (the global batch must divide over them; start_training.sh passes it)")
     p.add_argument("--no-background-upload", dest="background_upload", action="store_const", const="false",
@@ -483,6 +485,11 @@ def run(args) -> int:
         synced = preflight(cfg, pretrained, args.processes)
         if synced is not None:
             print(synced)  # start_training.sh passes this folder as the run's --data
+        return 0
+    if args.print_sharding:
+        from configs.plan import default_sharding
+
+        print(default_sharding(cfg, args.gpus))
         return 0
     if args.print_plan:
         from configs.plan import format_plan, plan
