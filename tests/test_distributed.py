@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from utils.ckpt.format import MARKER, check_complete, read_marker, step_dir_name, step_folders
+from utils.ckpt.format import MARKER, check_complete, step_dir_name, step_folders
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",

@@ -31,7 +31,8 @@ def test_fsdp2_stays_fsdp2_and_gathers_once_per_step():
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["fsdp2_after_prepare"] and report["describe"] == "FSDP2 fully_shard over 2 process(es)"
     four, one = report["steps"]
-    assert four == one and one["_allgather_base_"] == one["_reduce_scatter_base_"] >= 3, report  # layer, embedding, root
+    # each unit (decoder layer, embedding, root) once per step, however many micro-steps
+    assert four == one and one["_allgather_base_"] == one["_reduce_scatter_base_"] >= 3, report
 
 
 @pytest.fixture(scope="module")

@@ -127,7 +127,8 @@ def test_production_on_several_gpus_defaults_to_fsdp2():
 
 
 def test_the_default_sharding_follows_the_model_size_not_the_preset_name():
-    """configs/plan.py SHARD_FROM_PARAMETERS: production cut to 4 layers (0.4B) runs DDP, `small` grown to 1.1B FSDP2."""
+    """configs/plan.py SHARD_FROM_PARAMETERS: production cut to 4 layers (0.4B) runs DDP, `small` grown to 1.1B
+    FSDP2."""
     _, launch, _ = launched("--config", "production", "--gpus", "8", "--", "--set", "model.num_layers=4", fake_gpus=8)
     assert launch.config_file.endswith("configs/accelerate/multi_gpu_ddp.yaml") and launch.multi_gpu
     big = ["--set", "model.hidden_size=4096", "--set", "model.num_heads=32", "--set", "model.intermediate_size=16384",
