@@ -118,7 +118,7 @@ def losses_of(machine0) -> list[float]:
     return [r["train/loss"] for r in history if "train/loss" in r]
 
 
-def test_hsdp_over_two_machines_resumes_on_one_and_on_two(tmp_path, tiny_data):
+def test_hsdp_over_two_machines_resumes_on_one_and_on_two(tmp_path, tiny_data, parity):
     """2 machines x 2 processes: HSDP (each machine holds the model sharded in 2, the machines are replicas);
     its step 6 resumes on 1 machine (full shard over 2 ranks) and on 2 machines, with the uninterrupted losses."""
     first = tmp_path / "hsdp"
@@ -126,6 +126,8 @@ def test_hsdp_over_two_machines_resumes_on_one_and_on_two(tmp_path, tiny_data):
     log = (first / "machine0" / "logs" / "run" / "training.log").read_text()
     assert "4 process(es) on cpu:0 (FSDP2 HSDP mesh: 2 replicas (machines) x 2 shards (processes per machine))" in log
     straight = losses_of(first / "machine0")
+    # rank 0's weights reached both replicas: step 1 (before any update, the same 8 blocks) has DDP's loss
+    assert straight[0] == pytest.approx(parity["ddp"][1][0], rel=1e-6)
     step6 = first / "bucket" / "run" / step_dir_name(6)
     assert read_marker(step6)["world_size"] == 4
     for count in (1, 2):

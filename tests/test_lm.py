@@ -17,7 +17,7 @@ def test_checkpointed_layers_give_the_same_gradients_without_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any deprecation warning fails the test
         checkpoint_activations(recomputing)
-    assert recomputing.is_gradient_checkpointing and not plain.is_gradient_checkpointing
+    assert recomputing.gpt_neox.gradient_checkpointing and not plain.gpt_neox.gradient_checkpointing
     x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
     for model in (plain, recomputing):
         model.train()
