@@ -69,7 +69,7 @@ PY=python3
 "$PY" -c 'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("torch", "transformers", "accelerate"))))' \
   || die "no .venv in $ROOT and $PY lacks torch/transformers/accelerate: run ./setup.sh first"
 
-preset="" gpus="" procs="" cpu_group="" machines="" rank="" ip="" port="" acc_config="" mp="" dry_run=0
+gpus="" procs="" cpu_group="" machines="" rank="" ip="" port="" acc_config="" mp="" dry_run=0
 train_args=()
 while [ $# -gt 0 ]; do
   opt=$1
@@ -85,7 +85,7 @@ while [ $# -gt 0 ]; do
   esac
   val=$2
   case "$opt" in
-    --config|--resume|--max-steps|--data|--credentials) train_args+=("$opt" "$val"); [ "$opt" = --config ] && preset=$val ;;
+    --config|--resume|--max-steps|--data|--credentials) train_args+=("$opt" "$val") ;;
     --mixed-precision)
       [[ "$val" =~ ^(no|fp16|bf16)$ ]] || die "--mixed-precision '$val' is not allowed (allowed: no, fp16, bf16)"
       mp=$val; train_args+=(--mixed-precision "$val") ;;
@@ -150,10 +150,12 @@ total=$((per_machine * machines))
 
 # Always name a config file: without one, accelerate silently reads a leftover
 # ~/.cache/huggingface/accelerate/default_config.yaml (e.g. gpu_ids '0' breaks any multi-process run).
-# The 1.2B preset on several GPUs defaults to FSDP2 (README "Checking a GPU box": half the GPU memory of DDP,
-# one 5.7 GB model build per machine instead of one per GPU, no DDP graph splits under compile).
-[ -z "$acc_config" ] && [ "$preset" = production ] && [ "$gpus" -gt 0 ] && [ "$total" -gt 1 ] \
-  && acc_config="$ROOT/configs/accelerate/fsdp_production.yaml"
+# Models of 1B+ parameters on several GPUs default to FSDP2 (train.py --print-sharding, configs/plan.py: the
+# resolved model's size, not the preset's name; README "Several machines"); on several machines it runs as HSDP.
+if [ -z "$acc_config" ] && [ "$gpus" -gt 0 ] && [ "$total" -gt 1 ]; then
+  sharding=$("$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --print-sharding --gpus "$total") || exit $?
+  if [ "$sharding" = fsdp ]; then acc_config="$ROOT/configs/accelerate/fsdp_production.yaml"; fi
+fi
 user_config=$acc_config
 if [ -z "$acc_config" ] && [ "$total" -gt 1 ]; then
   acc_config="$ROOT/configs/accelerate/multi_gpu_ddp.yaml"

@@ -70,7 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="print parameters, batch, tokens and memory per GPU, then exit")
     p.add_argument("--preflight", action="store_true", help="check every setting, sync a gs:// --data into "
                    "data/gcs-cache/<host>/, print that folder and exit (start_training.sh runs it once per machine)")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan (default 1)")
+    p.add_argument("--print-sharding", action="store_true", help="print fsdp or ddp, what start_training.sh launches "
+                   "on --gpus GPUs in all without --accelerate-config (from the model's size), then exit")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan and --print-sharding (default 1)")
     p.add_argument("--processes", type=int, metavar="N", help="with --preflight: the training processes the launch "
                    "starts (the global batch must divide over them; start_training.sh passes it)")
     p.add_argument("--no-background-upload", dest="background_upload", action="store_const", const="false",
@@ -156,13 +158,14 @@ def build_model(cfg: RunConfig, pretrained, accelerator: Accelerator, resumed: b
     from configs.model import build_model as from_config
     from configs.plan import use_activation_checkpointing
     from utils.distributed import weights_come_from_rank0
+    from utils.lm import checkpoint_activations
 
     shapes_only = weights_come_from_rank0(accelerator)
     model = pretrained.load_model() if pretrained and not resumed and not shapes_only else \
         from_config(cfg.model, shapes_only=shapes_only)
     model.set_attn_implementation(cfg.train.attention)
     if use_activation_checkpointing(cfg, accelerator, accelerator.device.type == "cuda"):
-        model.activation_checkpointing_enable()
+        checkpoint_activations(model)
         log.info("activation checkpointing on: each layer's activations are recomputed in the backward pass")
     if not shapes_only and not accelerator.is_fsdp2:  # prepare() places FSDP2 shards: never rank 0's full model
         model.to(accelerator.device)
@@ -175,10 +178,13 @@ def prepare(model, tc: TrainConfig, accelerator: Accelerator):
 
     from utils.distributed import compile_layers
     from utils.optim import build_optimizer, build_scheduler
+    from utils.sharding import check_prepared
 
+    sharded = accelerator.is_fsdp2
     optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
     scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
     model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
+    check_prepared(accelerator, model, sharded)  # still FSDP2 after prepare(), as the start-up line says
     if tc.compile == "on" or (tc.compile == "auto" and accelerator.device.type == "cuda"):
         if accelerator.num_processes > 1 and not accelerator.is_fsdp2:  # DDP: one graph per layer, not per bucket
             compile_layers(accelerator.unwrap_model(model))
@@ -245,8 +251,8 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
         cfg = replace(cfg, train=auto_micro_batch(cfg.train, model, accelerator, shapes_only, log))
         train_loader, val_loader = make_loaders(data_dir, cfg.train, accelerator)
     tc = cfg.train
-    log_start(log, name, cfg, train_loader, accelerator, data_dir, n_params)
     model, optimizer, scheduler = prepare(model, tc, accelerator)
+    log_start(log, name, cfg, train_loader, accelerator, data_dir, n_params)  # after prepare(): what runs
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
     ema = WeightEMA(unwrapped, tc.ema_decay) if tc.ema_decay else None  # after prepare(): it mirrors the shards
     state = TrainerState()
@@ -285,6 +291,7 @@ def train_step(run: Run, batches):
 
     from utils import lm
     from utils.ckpt.checkpointer import rng_state, set_rng_state
+    from utils.sharding import micro_step
 
     tc, acc = run.cfg.train, run.accelerator
     # Only a stop between micro-steps leaves a half-done step to rewind; with one micro-step there is none.
@@ -294,7 +301,7 @@ def train_step(run: Run, batches):
         if run.vote():
             break
         x, y = lm.to_device(next(batches), acc.device)
-        with acc.no_sync(run.model) if micro < tc.grad_accum_steps - 1 else contextlib.nullcontext():
+        with micro_step(acc, run.model, last=micro == tc.grad_accum_steps - 1):
             with acc.autocast():
                 loss = lm.lm_loss(run.model, x, y)
             acc.backward(loss / tc.grad_accum_steps)
@@ -451,6 +458,11 @@ def run(args) -> int:
         synced = preflight(cfg, pretrained, run_dirs(cfg), args.processes)
         if synced is not None:
             print(synced)  # start_training.sh passes this folder as the run's --data
+        return 0
+    if args.print_sharding:
+        from configs.plan import default_sharding
+
+        print(default_sharding(cfg, args.gpus))
         return 0
     if args.print_plan:
         from configs.plan import format_plan, plan

@@ -278,11 +278,12 @@ def stage_resume(out: Path, cpu: bool, steps: int) -> None:
 
 def stage_fsdp(out: Path, cpu: bool, steps: int) -> None:
     """FSDP2 with configs/accelerate/fsdp_production.yaml on 1 GPU (CPU mode: 1 process, a gloo group of one; 2 ranks
-    are tests/test_distributed.py's): save and resume."""
+    are tests/test_fsdp.py's): save and resume, with 2 micro-steps per step as production accumulates (the
+    first without gradient sync, parameters kept gathered: utils/sharding.py)."""
     from utils.ckpt.format import step_dir_name
 
     every = steps // 2
-    common = ["--max-steps", str(steps), "--eval-every", str(10 * steps)]
+    common = ["--max-steps", str(steps), "--eval-every", str(10 * steps), "--grad-accum", "2"]
     ok, _, a = run_train(out, "fsdp", cpu, [*common, "--save-every", str(every), "--keep-last", "2"], fsdp=True)
     folder = out / "ckpt" / "fsdp" / step_dir_name(every)
     size = sum(p.stat().st_size for p in folder.iterdir()) / GB if folder.is_dir() else None

@@ -66,6 +66,23 @@ def model_flops_per_token(model_cfg, seq_len: int) -> float:
 
 
 
+SHARD_FROM_PARAMETERS = 1_000_000_000
+"""Runs on several GPUs of models this large default to FSDP2 (start_training.sh): under DDP every GPU would hold
+20 bytes a parameter (fp32 weights, gradients, AdamW states, gradient buckets: 18.6 GiB at 1B, before any
+activation) and every rank would build its own fp32 model in host memory (4 GB a GPU at 1B)."""
+
+
+def default_sharding(run_cfg: RunConfig, gpus: int) -> str:
+    """'fsdp' or 'ddp': what the launcher picks for `gpus` GPUs in all when no accelerate config is given, from the
+    model's size (the resolved model section, not the preset's name). Counted without torch: the launcher asks
+    before every multi-GPU start. Untied embeddings are assumed (an upper bound). On several machines FSDP2 runs
+    as HSDP (utils/sharding.py)."""
+    model_cfg, train = run_cfg.model, run_cfg.train
+    model_cfg = model_cfg.with_vocab(model_cfg.vocab_size or train.tokenizer_vocab or 256)
+    parameters = matmul_params(model_cfg) + model_cfg.vocab_size * model_cfg.hidden_size  # + the input embedding
+    return "fsdp" if gpus > 1 and parameters >= SHARD_FROM_PARAMETERS else "ddp"
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes per GPU for one sharding strategy (see the module docstring for the formulas)."""

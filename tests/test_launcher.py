@@ -126,6 +126,17 @@ def test_production_on_several_gpus_defaults_to_fsdp2():
     assert launch.config_file.endswith("configs/accelerate/single_gpu.yaml")
 
 
+def test_the_default_sharding_follows_the_model_size_not_the_preset_name():
+    """configs/plan.py SHARD_FROM_PARAMETERS: production cut to 4 layers (0.4B) runs DDP, `small` grown to 1.1B
+    FSDP2."""
+    _, launch, _ = launched("--config", "production", "--gpus", "8", "--", "--set", "model.num_layers=4", fake_gpus=8)
+    assert launch.config_file.endswith("configs/accelerate/multi_gpu_ddp.yaml") and launch.multi_gpu
+    big = ["--set", "model.hidden_size=4096", "--set", "model.num_heads=32", "--set", "model.intermediate_size=16384",
+           "--set", "model.num_layers=5"]
+    _, launch, _ = launched("--config", "small", "--gpus", "8", "--", *big, fake_gpus=8)
+    assert launch.config_file.endswith("configs/accelerate/fsdp_production.yaml")
+
+
 def test_train_flags_map_in_order_and_extras_pass_verbatim():
     _, _, train = launched("--config", "test", "--gpus", "0", "--resume", "auto", "--max-steps", "5",
                            "--data", "gs://b/data/x", "--credentials", "k.json", "--no-background-upload", "--",

@@ -8,7 +8,8 @@ precision (torchtitan's MixedPrecisionPolicy default): accelerate would reduce i
 Real FSDP2 on CPU, for tests: accelerate 1.15 picks FSDP only for GPU backends (state.py) and turns an
 FSDP config on CPU into plain gloo DDP. With PICONEOX_CPU_FSDP=1 (`CPU_FSDP_ENV`) and an FSDP config,
 `make_accelerator` switches the accelerator to FSDP2 (`shard_on_cpu`), so `accelerator.prepare()` runs
-accelerate's own `fully_shard` wrapping (one unit per GPTNeoXLayer) over gloo, exactly as on GPUs:
+accelerate's own `fully_shard` wrapping (one unit per GPTNeoXLayer) over gloo, exactly as on GPUs, and the
+run stays FSDP2 after it (utils/sharding.py checks; on several machines it is HSDP there too):
 
     PICONEOX_CPU_FSDP=1 ./start_training.sh --config test --gpus 0 --procs 2 \
         --accelerate-config configs/accelerate/fsdp_production.yaml --data DIR
@@ -56,6 +57,8 @@ def make_accelerator(mixed_precision: str, cuda: bool, timeout_minutes: float):
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
+    from utils.sharding import use_hsdp
+
     check_timeout(timeout_minutes)
     if mixed_precision == "fp16" and not cuda:
         raise PiconeoxError("--mixed-precision fp16 needs a CUDA GPU; on CPU use bf16 or no")
@@ -73,6 +76,7 @@ def make_accelerator(mixed_precision: str, cuda: bool, timeout_minutes: float):
         else:
             print("warning: FSDP needs CUDA; this run uses plain data parallelism on the CPU "
                   f"({CPU_FSDP_ENV}=1 shards over gloo, for tests)", file=sys.stderr)
+    use_hsdp(accelerator)
     return accelerator
 
 
@@ -80,8 +84,11 @@ def shard_on_cpu(accelerator, plugin) -> None:
     """Make a gloo (MULTI_CPU) accelerator prepare models with FSDP2 instead of DDP.
 
     accelerate keeps its state in shared class dictionaries: setting the distributed type and the plugin
-    there is all its FSDP2 path (`fsdp2_prepare_model`, DTensor-aware clipping, state dicts) looks at.
+    there is all its FSDP2 path (`fsdp2_prepare_model`, DTensor-aware clipping, state dicts) looks at. The type
+    goes into PartialState's dictionary too, as AcceleratorState does on GPUs: every `AcceleratorState()` (the
+    prepared optimizer makes one) copies PartialState's type over its own, which was MULTI_CPU again.
     """
+    from accelerate.state import PartialState
     from accelerate.utils import DistributedType
 
     if plugin.fsdp_version != 2:
@@ -90,16 +97,8 @@ def shard_on_cpu(accelerator, plugin) -> None:
     if accelerator.mixed_precision != "no":
         plugin.set_mixed_precision(accelerator.mixed_precision)  # what AcceleratorState does for GPU FSDP
     accelerator.state.distributed_type = DistributedType.FSDP
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     accelerator.state.fsdp_plugin = plugin
-
-
-def describe(accelerator) -> str:
-    """How the model is spread over the processes, for the start-up log line."""
-    if accelerator.is_fsdp2:
-        return "FSDP2 fully_shard"
-    if accelerator.num_processes > 1:
-        return "DDP"
-    return "single process"
 
 
 def group_timeout(accelerator, group=None) -> timedelta | None:

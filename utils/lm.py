@@ -23,6 +23,21 @@ def lm_loss(model, x, y):
     return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
 
 
+def checkpoint_activations(model) -> None:
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (non-reentrant
+    torch checkpointing, the default of every supported transformers version, passed explicitly).
+
+    `gradient_checkpointing_enable` is the name every supported transformers version has (requirements.txt):
+    5.17 has no `activation_checkpointing_enable`, and 5.23 keeps the old name as an alias until v6 (its
+    deprecation warning is silenced here, once, instead of surprising every run).
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*gradient_checkpointing_enable.*", category=FutureWarning)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def to_device(batch, device):
     """A loader batch on `device`: on CUDA through pinned memory, asynchronously (no wait for the copy)."""
     if device.type != "cuda":

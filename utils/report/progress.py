@@ -126,7 +126,8 @@ class TrainReport:
 
 def log_start(log, name: str, cfg, train_loader, accelerator, data_dir: Path, n_params: int) -> None:
     """The start-up lines: what trains where, the batch and the math settings."""
-    from utils.distributed import describe, group_timeout
+    from utils.distributed import group_timeout
+    from utils.sharding import describe
 
     tc, world, timeout = cfg.train, accelerator.num_processes, group_timeout(accelerator)
     log.info(f"run {name}: preset {cfg.preset}, {n_params:,} parameters, data {data_dir} (vocab "
