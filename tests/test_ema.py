@@ -98,7 +98,7 @@ def test_ema_resumes_exactly_on_two_fsdp2_ranks(tmp_path, tiny_data):
     resumed, proc = launch(cut, tiny_data, 2, 4, "--resume", "auto", *EMA, fsdp=fsdp)
     assert f"resumed from {cut / 'ckpt' / 'run' / step_dir_name(6)} at step 6" in proc.stderr
     assert resumed == whole
-    assert "(FSDP2 fully_shard)" in (cut / "logs" / "run" / "training.log").read_text()
+    assert "(FSDP2 fully_shard over 2 process(es))" in (cut / "logs" / "run" / "training.log").read_text()
     last = step_dir_name(12)
     a, b = ref / "ckpt" / "run" / last, cut / "ckpt" / "run" / last
     assert_same_tensors(read_weights(a, "ema"), read_weights(b, "ema"))
