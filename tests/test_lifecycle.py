@@ -207,7 +207,7 @@ def test_closing_the_terminal_stops_the_run_cleanly(tmp_path, tiny_data):
     threading.Thread(target=drain, args=(master,), daemon=True).start()  # a full terminal would block the run
     pids = wait_for("the run training", lambda: training(tmp_path, 1))
     os.close(master)  # the terminal goes away: the kernel hangs it up
-    assert proc.wait(timeout=60) == 0
+    assert proc.wait(timeout=180) == 0  # a clean stop, not a timing goal: a loaded 2-core box took over 60 s
     log = (tmp_path / "logs" / "r" / "training.log").read_text()
     assert "SIGHUP received; stopped cleanly" in log
     step = int(log.split("SIGHUP received: saving step ")[1].split()[0])
