@@ -20,7 +20,7 @@ from utils.ckpt.load import checked, read_weights
 from utils.ckpt.state import Snapshot, rng_to_json, tensor_bytes, tensor_leaves
 from utils.errors import PiconeoxError
 from utils.atomic import atomic_dir, check_output_dir
-from utils.diskfull import check_space, raise_if_full
+from utils.diskfull import check_space, one_line_when_full, raise_if_full
 from utils.interop.portable import make_portable
 
 
@@ -73,17 +73,12 @@ def write_common(snap: Snapshot, folder: Path) -> list[str]:
 
 def write_weights(snap: Snapshot, folder: Path) -> Path:
     """best/: consolidated weights (from_pretrained format), tokenizer and small states, atomically."""
-    needed = state_bytes(snap.weights)
-    check_space(Path(folder).parent, needed, f"checkpoint {Path(folder).name}")
-    try:
-        with atomic_dir(folder) as tmp:
-            save_pretrained_weights(snap.hf_config, snap.weights, tmp)
-            write_common(snap, tmp)
-            write_marker(tmp, snap.step, snap.world_size,
-                         manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
-    except Exception as e:
-        raise_if_full(e, Path(folder).parent, f"checkpoint {Path(folder).name}", needed)
-        raise
+    needed, what = state_bytes(snap.weights), f"checkpoint {Path(folder).name}"
+    check_space(Path(folder).parent, needed, what)
+    with one_line_when_full(Path(folder).parent, what, needed), atomic_dir(folder) as tmp:
+        save_pretrained_weights(snap.hf_config, snap.weights, tmp)
+        write_common(snap, tmp)
+        write_marker(tmp, snap.step, snap.world_size, manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
     return Path(folder)
 
 
