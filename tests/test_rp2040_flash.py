@@ -135,6 +135,11 @@ def test_a_port_that_is_not_a_micropython_repl_is_one_line(model_dir):
         conn, _ = server.accept()
         conn.recv(64)
         conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+        # Hang up our side, then read until the client closes: closing with its bytes unread would
+        # send a reset instead of the end-of-stream this test is about.
+        conn.shutdown(socket.SHUT_WR)
+        while conn.recv(4096):
+            pass
         conn.close()
 
     threading.Thread(target=answer, daemon=True).start()
