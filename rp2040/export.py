@@ -11,7 +11,6 @@ atomically, and only after all checks pass.
 """
 from __future__ import annotations
 
-import json
 import math
 import struct
 import sys
@@ -31,6 +30,7 @@ from utils.ckpt.format import find_checkpoint
 from utils.errors import CliParser, PiconeoxError, cli
 from utils.atomic import atomic_dir, check_output_dir
 from utils.diskfull import one_line_when_full
+from utils.textfile import read_json
 
 DEFAULT_RAM_BUDGET_KB = 180
 DEFAULT_MIN_FREE_KB = 100
@@ -275,7 +275,7 @@ class Vocab:
 
     @classmethod
     def from_tokenizer_json(cls, path: Path, model_vocab: int) -> "Vocab":
-        tj = json.loads(path.read_text(encoding="utf-8"))
+        tj = read_json(path, "the tokenizer")
         model = tj.get("model") or {}
         if model.get("type") not in ("BPE", "WordLevel"):
             raise PiconeoxError(f"{path}: tokenizer model {model.get('type')!r} is not supported; allowed: BPE, "
@@ -398,8 +398,8 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
 def is_export(folder: Path) -> bool:
     """True for a folder this exporter wrote (only model files, config.json with a "format"): --out may replace it."""
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        config = read_json(folder / "config.json")
+    except PiconeoxError:
         return False
     return isinstance(config, dict) and "format" in config and {p.name for p in folder.iterdir()} <= set(MODEL_FILES)
 

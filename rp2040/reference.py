@@ -20,7 +20,7 @@ import numpy as np
 from rp2040.runtime import fixed as fx
 from rp2040.runtime.modelfile import HEADER_SIZE, FormatError, Header, Layout
 from utils.errors import PiconeoxError
-from utils.textfile import read_text
+from utils.textfile import read_json, read_text
 
 LIMIT = 2 ** 31
 
@@ -246,7 +246,6 @@ def generate(model: ReferenceModel, prompt: list[int], n: int, temperature: floa
 def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_tokens: int = 20000) -> dict:
     """Mean next-token loss on `text` (windows of the model's context) of the integer reference and of
     PyTorch float32 on the checkpoint it was exported from."""
-    import json
 
     import torch
     from tokenizers import Tokenizer
@@ -254,14 +253,14 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
     from rp2040.bundle import check_model
     from utils.ckpt.load import load_model
 
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config = read_json(Path(model_dir) / "config.json", "the model's")
     checkpoint = Path(checkpoint or config["source"])
     if not all((checkpoint / name).is_file() for name in ("tokenizer.json", "config.json")):
         raise PiconeoxError(f"{checkpoint} has no tokenizer.json or config.json; pass --checkpoint, the folder the "
                             "model came from")
     check_model(Path(model_dir) / "model.bin")  # a header that lies is one line, not a division by zero
     ref = ReferenceModel(Path(model_dir) / "model.bin")
-    c, h = json.loads((checkpoint / "config.json").read_text()), ref.h
+    c, h = read_json(checkpoint / "config.json", "--checkpoint"), ref.h
     theirs = tuple(c.get(k) for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"))
     if theirs != (h.vocab, h.hidden, h.layers, h.heads):
         raise PiconeoxError(f"--checkpoint {checkpoint} is another model (vocab, hidden, layers, heads {theirs}) than "

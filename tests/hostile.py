@@ -161,3 +161,11 @@ def changed(before: dict, after: dict, allowed: tuple[str, ...] = ()) -> list[st
 
 def error_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def oversize(path: Path, size: int | None = None) -> None:
+    """`path` grown to `size` bytes, by default one over what a JSON reader takes (sparse: nothing to write)."""
+    from utils.textfile import MAX_JSON_BYTES
+
+    with open(path, "r+b") as f:
+        f.truncate(size or MAX_JSON_BYTES + 1)

@@ -10,9 +10,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.hostile import CASES, Case, case
+from tests.hostile import CASES, Case, case, oversize
 from tests.conftest import TINY
-from utils.ckpt.format import DCP_INDEX, manifest, read_marker, write_marker
+from utils.ckpt.format import DCP_INDEX, MARKER, manifest, read_marker, write_marker
 from utils.crc import crc32c_file
 
 STEP = "step-00000010"
@@ -289,3 +289,18 @@ def _(work, outside, base):
     folder = copy_final(work, base)
     link_out(folder, "tokenizer.json", outside)
     return tool("export", folder, work, base)
+
+
+@case("marker-oversize-generate", "COMPLETE is unreadable")
+def _(work, outside, base):
+    folder = copy_step(work, base)
+    oversize(folder / MARKER)
+    return tool("generate", folder, work, base)
+
+
+@case("tokenizer-config-oversize-consolidate", "allowed for this file")
+def _(work, outside, base):
+    folder = copy_step(work, base)
+    oversize(folder / "tokenizer_config.json")
+    remark(folder)
+    return tool("consolidate", folder, work, base)

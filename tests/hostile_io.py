@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests import hostile_checkpoints as hc
-from tests.hostile import case
+from tests.hostile import case, oversize
 from tests.hostile_checkpoints import SHARD, STEP, Base, copy_step, link_out, remark, secret, train_argv
 from utils.storage import open_storage
 
@@ -249,3 +249,24 @@ def _(work, outside, base):
     with open(work / "fw.bin", "wb") as f:
         f.truncate(20 << 20)  # sparse: nothing to write
     return pico_emulate(copy_model(work, base), work / "fw.bin")
+
+
+# --- JSON files of any size: every reader stats before it reads (utils.textfile.MAX_JSON_BYTES) ---------------------
+@case("pico-config-oversize-reference", "allowed for this file")
+def _(work, outside, base):
+    model = copy_model(work, base)
+    oversize(model / "config.json")
+    (work / "text.txt").write_text("Once upon a time there was a test.\n")
+    return "rp2040.reference", [str(model), "--text", str(work / "text.txt")]
+
+
+@case("crc-index-oversize-download", "", code=0, leftovers=("dest",),
+      check=lambda w, o: (w / "dest" / ".crc32c-index.json").stat().st_size < 1 << 20)
+def _(work, outside, base):
+    """A planted index is only a cache: an oversized one is rebuilt, never read (4 GiB: past the driver's memory)."""
+    from utils.crc import INDEX_NAME
+
+    (work / "dest").mkdir()
+    (work / "dest" / INDEX_NAME).write_text("{}")
+    oversize(work / "dest" / INDEX_NAME, 4 << 30)
+    return download(base.data, work / "dest")

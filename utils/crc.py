@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import base64
-import json
 import os
 from pathlib import Path
 
 import google_crc32c
 
 from utils.atomic import atomic_write_json
+from utils.errors import PiconeoxError
+from utils.textfile import read_json
 
 CHUNK = 1 << 20  # 1 MiB: bounded memory for multi-GB shards and checkpoints
 INDEX_NAME = ".crc32c-index.json"  # a folder's CrcIndex: kept by the sync, the dataset checks and prepare_data.py
@@ -48,11 +49,9 @@ class CrcIndex:
         self.path = path
         self._entries: dict[str, list[int]] = {}
         self._changed = False
-        try:
-            loaded = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(loaded, dict):
-                self._entries = loaded
-        except (OSError, ValueError):
+        try:  # bounded like every JSON a folder brings: a planted 10 GB index is re-hashing, not an OOM
+            self._entries = read_json(path) if path.exists() else {}
+        except PiconeoxError:
             pass
 
     def crc32c(self, rel: str, file: Path, st: os.stat_result) -> int:

@@ -21,7 +21,6 @@ file is a regular file, never a symbolic link: nothing a load reads lies outside
 """
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 from utils.atomic import atomic_write_json
 from utils.crc import crc32c_file
 from utils.errors import PiconeoxError
+from utils.textfile import read_json
 from utils.storage.base import no_link_below, safe_relpath
 
 MARKER = "COMPLETE"
@@ -60,11 +60,11 @@ def read_marker(folder: Path) -> dict | None:
     its size and crc32c (an older piconeox format)."""
     if (Path(folder) / MARKER).is_symlink():  # never read through a link (check_complete says why)
         return None
-    try:
-        marker = json.loads((Path(folder) / MARKER).read_text())
-        files = marker.get("files")
-    except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: JSON nested too deep
+    try:  # read_json: bounded in size, and JSON nested too deep is one line too
+        marker = read_json(Path(folder) / MARKER)
+    except PiconeoxError:
         return None
+    files = marker.get("files")
     if not isinstance(files, dict) or not all(isinstance(v, dict) and {"size", "crc32c"} <= v.keys()
                                               for v in files.values()):
         return None

@@ -9,17 +9,17 @@ atomically, following Pythia's convention: the end-of-text token is bos, eos and
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from utils.atomic import atomic_write_json
 from utils.data.tokenizers import EOT, TOKENIZER_FILE
+from utils.textfile import read_json
 
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # what 4.x and 5.x both resolve (5.x maps it to its backend)
 
 
 def _read(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json(path) if path.is_file() else {}
 
 
 def eot_id(tokenizer_dir: Path) -> int:
