@@ -53,7 +53,7 @@ class RunSettings(ConfigBase):
 
     def validate(self, keep_last: int) -> RunSettings:
         """Every check that needs no file or bucket, each one line naming the flag; `keep_last` is train.keep_last."""
-        from utils.ckpt.uploader import CheckpointUploader
+        from utils.ckpt.remote import check_upload_settings
         from utils.distributed import check_timeout
         from utils.run.preemption import check_grace_seconds
         from utils.storage import is_remote, parse_gs_url
@@ -66,7 +66,7 @@ class RunSettings(ConfigBase):
         check_timeout(self.collective_timeout_minutes)
         check_timeout(self.step_timeout_minutes, "--step-timeout-minutes", 10)
         check_grace_seconds(self.grace_seconds)
-        CheckpointUploader.check_settings(bool(self.checkpoint_bucket), keep_last, self.max_upload_failures)
+        check_upload_settings(bool(self.checkpoint_bucket), keep_last, self.max_upload_failures)
         parse_report_to(self.report_to)
         for url in (self.checkpoint_bucket, self.resume):
             if is_remote(url):

@@ -116,3 +116,16 @@ def test_global_batch_fixes_accumulation_per_world_size():
     with pytest.raises(PiconeoxError, match="checkpoint trained with 256 tokens per step"):
         tc.for_world(1, fixed_global_batch=256)
     assert TrainConfig(seq_len=32, global_batch_tokens=32 * 12).largest_micro_batch(world_size=2, limit=5) == 3
+
+
+def test_checking_the_run_settings_imports_no_torch():
+    """start_training.sh asks `--print-sharding` and `--preflight` before every launch: the default settings'
+    checks (bucket rules, timeouts, --report-to tensorboard) stay torch-free, so the question takes well under
+    a second instead of the ~1.5 s of torch's import."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; from configs.run import RunSettings; RunSettings().validate(3); "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith(('torch', 'acc')))")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])

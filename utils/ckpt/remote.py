@@ -18,6 +18,16 @@ from utils.storage import Storage, is_remote, open_storage, parse_gs_url
 from utils.storage.sync import download_tree
 
 
+def check_upload_settings(has_store: bool, keep_remote: int, max_failures: int) -> None:
+    """Refuse settings that would make the bucket unsafe or failures endless (one line each); torch-free, so
+    configs check them before any launch."""
+    if has_store and keep_remote < 2:
+        raise PiconeoxError(f"keep_last={keep_remote}: with --checkpoint-bucket keep at least 2 checkpoints, "
+                            "so the bucket always holds a complete one while the next uploads")
+    if max_failures < 1:
+        raise PiconeoxError(f"--max-upload-failures {max_failures}: must be at least 1")
+
+
 def remote_steps(store: Storage) -> dict[int, bool]:
     """{step: whether its COMPLETE marker exists} for every step-XXXXXXXX folder under `store`, in one listing."""
     return steps_in(store.list(checksums=False))

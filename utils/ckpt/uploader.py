@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from utils.ckpt.state import Snapshot
 from utils.ckpt.write import write_weights
+from utils.ckpt.remote import check_upload_settings
 from utils.ckpt.saver import StepSaver
 from utils.diskfull import NO_SPACE
 from utils.errors import PiconeoxError
@@ -92,19 +93,10 @@ class CheckpointUploader:
     rank: this process's global rank; rotate_local: whether this process rotates its machine's step folders.
     """
 
-    @staticmethod
-    def check_settings(has_store: bool, keep_remote: int, max_failures: int) -> None:
-        """Refuse settings that would make the bucket unsafe or failures endless (one line each)."""
-        if has_store and keep_remote < 2:
-            raise PiconeoxError(f"keep_last={keep_remote}: with --checkpoint-bucket keep at least 2 checkpoints, "
-                                "so the bucket always holds a complete one while the next uploads")
-        if max_failures < 1:
-            raise PiconeoxError(f"--max-upload-failures {max_failures}: must be at least 1")
-
     def __init__(self, store: Storage | None, *, keep_remote: int = 3, keep_local: int = 3, max_failures: int = 3,
                  background: bool = True, progress: bool = True, group=None, rank: int = 0, rotate_local: bool = True,
                  device: torch.device | None = None):
-        self.check_settings(store is not None, keep_remote, max_failures)
+        check_upload_settings(store is not None, keep_remote, max_failures)
         self.store, self.group, self.rank, self.max_failures = store, group, rank, max_failures
         self._cancel = threading.Event()
         self.saver = StepSaver(store, group=group, rank=rank, keep_remote=keep_remote, keep_local=keep_local,

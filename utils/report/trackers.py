@@ -9,6 +9,7 @@ piconeox); the W&B run is named after the piconeox run, and a resumed run contin
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -27,11 +28,13 @@ def tracker_names() -> list[str]:
 
 def parse_report_to(value: str) -> tuple[str, ...]:
     """`tensorboard,wandb` -> ("tensorboard", "wandb"); `none` -> (). Unknown or uninstalled trackers: one line."""
-    from accelerate.tracking import get_available_trackers
-
     names = tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
     if names == ("none",):
         return ()
+    if names == (DEFAULT_REPORT_TO,) and importlib.util.find_spec("tensorboard"):
+        return names  # the default, checked without importing accelerate (and torch): --print-* stay instant
+    from accelerate.tracking import get_available_trackers
+
     known, installed = tracker_names(), {str(t) for t in get_available_trackers()}
     for name in names:
         if name not in known:
