@@ -224,14 +224,14 @@ def test_round3_classes_are_one_line_in_every_cli(tmp_path, tmp_path_factory, ti
 
 @pytest.mark.parametrize("eval_batches", ["0", "x"])
 def test_eval_batches_flag_reaches_the_config(eval_batches):
-    import train
+    from configs import flags
     from configs.presets import resolve_config
     from utils.errors import PiconeoxError
 
-    args = train.parse_args(["--eval-batches", "7"])
-    assert resolve_config("test", None, train.overrides_from_args(args)).train.eval_batches == 7
+    args = flags.parse_args(["--eval-batches", "7"])
+    assert resolve_config("test", None, flags.overrides_from_args(args)).train.eval_batches == 7
     with pytest.raises(PiconeoxError, match="train.eval_batches"):
-        resolve_config("test", None, train.overrides_from_args(train.parse_args(["--eval-batches", eval_batches])))
+        resolve_config("test", None, flags.overrides_from_args(flags.parse_args(["--eval-batches", eval_batches])))
 
 
 def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, tiny_data, capsys,
