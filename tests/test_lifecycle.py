@@ -165,7 +165,8 @@ def test_two_launchers_at_once_one_wins_the_other_exits_2_before_the_launch(tmp_
 # --- the launcher dies: nothing outlives it, the restart waits for the save -------------------------------
 
 def test_launcher_killed_the_run_saves_and_stops_and_a_restart_meanwhile_is_refused(tmp_path, tiny_data):
-    cmd = launcher_cmd(tmp_path, tiny_data, 2, "--max-steps", "100000", "--grace-seconds", "20")
+    grace = 60  # the bound asserted below: generous, since it asserts a stop within the grace, not its speed
+    cmd = launcher_cmd(tmp_path, tiny_data, 2, "--max-steps", "100000", "--grace-seconds", str(grace))
     err = open(tmp_path / "first.err", "w+")  # a file: an unread pipe would fill up and block the run's output
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=launcher_env())
     pids = wait_for("two ranks training", lambda: training(tmp_path, 2))
@@ -177,10 +178,10 @@ def test_launcher_killed_the_run_saves_and_stops_and_a_restart_meanwhile_is_refu
 
     first.kill()  # SIGKILL: no trap runs, nothing is forwarded by the launcher
     killed = time.monotonic()
-    while any(alive(p) for p in pids[1:]) and time.monotonic() - killed < 60:
+    while any(alive(p) for p in pids[1:]) and time.monotonic() - killed < grace + 30:
         time.sleep(0.1)
     log = (tmp_path / "logs" / "r" / "training.log").read_text()
-    assert time.monotonic() - killed < 20 + 1, (  # within the grace
+    assert time.monotonic() - killed < grace + 1, (  # within the grace
         [p for p in pids if alive(p)], log[-2000:], (tmp_path / "first.err").read_text()[-2000:])
     step = int(log.split("SIGTERM received: saving step ")[1].split()[0])
     assert check_complete(tmp_path / "ckpt" / "r" / step_dir_name(step)) is None
@@ -253,7 +254,7 @@ def test_a_stop_whose_peer_hangs_ends_within_the_grace():
         procs[0].send_signal(signal.SIGTERM)
         sent = time.monotonic()
         _, err = procs[0].communicate(timeout=30)
-        assert 3 <= time.monotonic() - sent < 6
+        assert 3 <= time.monotonic() - sent < 15  # the grace (3 s), then the exit, on a possibly loaded box
         assert procs[0].returncode == 1
         assert err.strip().splitlines()[-1] == ("error: the clean stop did not finish within --grace-seconds 3 (a peer "
                                                 "process is gone or stuck); exiting without it: the last complete "
@@ -271,6 +272,6 @@ def test_a_process_bound_to_its_launcher_gets_sigterm_when_the_launcher_is_kille
     time.sleep(0.5)  # bound by now
     launcher.kill()
     launcher.wait()
-    wait_for("the bound process to end", lambda: not alive(child), timeout=5)
+    wait_for("the bound process to end", lambda: not alive(child), timeout=30)
     late = subprocess.run([sys.executable, str(REPO / "utils" / "run" / "lifeline.py"), "1", "sleep", "60"], timeout=10)
     assert late.returncode == -signal.SIGTERM  # its launcher was already gone: it stops at once

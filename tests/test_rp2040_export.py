@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from configs.model import MODEL_PRESETS, ModelConfig, build_model
-from rp2040.export import Vocab, export
+from rp2040.export import export
+from rp2040.vocab_bin import Vocab
 from rp2040.runtime.gpt import GPT
 from rp2040.runtime.modelfile import FormatError
 from rp2040.runtime.tokenizer import StreamDecoder, Tokenizer
