@@ -162,3 +162,26 @@ def test_a_clean_checkpoint_loads_everywhere(work, tiny_data):
     log = (work / "logs" / "run" / "training.log").read_text()
     assert code == 0 and len(losses) == 12 and f"{STEP} at step 10" in log
     assert consolidate_main([str(work / "ckpt" / "run" / STEP), "--out", str(work / "hf")]) == 0
+
+
+def test_a_resume_walks_the_index_once_and_never_trusts_other_bytes(work, tiny_data, monkeypatch):
+    """check_pickle walks a pickle (1-3 s for a 1.2B model's index) once per process: a resume reads `.metadata`
+    several times (which parts, which weights, the load); bytes that passed are let through by their digest, bytes
+    that were refused are walked (and refused) every time."""
+    from utils.ckpt import bounded
+    from utils.errors import PiconeoxError
+
+    real, walked = bounded.pickle_cost, []
+    monkeypatch.setattr(bounded, "pickle_cost", lambda data: walked.append(data) or real(data))
+    monkeypatch.setattr(bounded, "_PASSED", type(bounded._PASSED)())
+    index = (work / "ckpt" / "run" / STEP / DCP_INDEX).read_bytes()
+    code, _, _ = run(work, tiny_data, "--max-steps", "12", "--resume", str(work / "ckpt" / "run" / STEP))
+    assert code == 0 and walked.count(index) == 1
+    deep = []
+    for _ in range(bounded.MAX_PICKLE_DEPTH + 5):
+        deep = [deep]
+    deep = pickle.dumps(deep)
+    for _ in range(2):
+        with pytest.raises(PiconeoxError, match="nested"):
+            bounded.check_pickle(deep, "x")
+    assert walked.count(deep) == 2
