@@ -120,6 +120,15 @@ def one_thread(monkeypatch):
     torch.set_num_threads(before)
 
 
+def hangup_as_on_a_terminal() -> None:
+    """preexec_fn for a launcher a test hangs up: SIGHUP at its default, as a login shell has it. A test runner
+    started under nohup passes SIGHUP on ignored, and a signal ignored at start stays ignored (bash cannot trap
+    it; train.py keeps it ignored on purpose), so the hang-up tests would wait for a stop that nohup forbids."""
+    import signal
+
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def start_two_ranks(script: str, *args: str) -> list[subprocess.Popen]:
     """`script` as two gloo ranks of one process group (rank 0 first), with piped text output."""
     with socket.socket() as s:

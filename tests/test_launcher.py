@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import hangup_as_on_a_terminal
+
 REPO = Path(__file__).resolve().parent.parent
 LAUNCHER = REPO / "start_training.sh"
 
@@ -283,7 +285,7 @@ def start(sandbox, *args, extra=()):
     env.update(PICONEOX_FAKE_GPUS="0", HF_HOME=str(sandbox / "hf"))
     return subprocess.Popen(["bash", str(sandbox / "start_training.sh"), "--config", "test", *args, "--",
                              "--out", str(sandbox / "out"), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+                            text=True, env=env, preexec_fn=hangup_as_on_a_terminal)
 
 
 def test_procs_2_really_starts_two_ranks_in_one_process_group(sandbox):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, start_two_ranks
+from tests.conftest import REPO, hangup_as_on_a_terminal, start_two_ranks
 from utils.ckpt.format import check_complete, step_dir_name
 from utils.run import runlock
 
@@ -199,6 +199,7 @@ def test_closing_the_terminal_stops_the_run_cleanly(tmp_path, tiny_data):
     master, slave = os.openpty()
 
     def controlling_terminal():
+        hangup_as_on_a_terminal()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
     proc = subprocess.Popen(launcher_cmd(tmp_path, tiny_data, 1, "--max-steps", "100000"), stdin=slave,
