@@ -112,6 +112,16 @@ def test_sigterm_inside_gradient_accumulation_resumes_exactly(tmp_path, tiny_dat
     assert code == 0 and resumed == straight  # the half-done step 6 was dropped and redone identically
 
 
+def test_sigterm_before_the_first_step_ends_cleanly_with_nothing_to_publish(tmp_path, tiny_data, monkeypatch):
+    """Stopped inside step 1: no checkpoint of step 0 exists, so final/ is not attempted (it used to warn that
+    "final/ not written: ... is not a complete checkpoint")."""
+    signal_on_forward(monkeypatch, call=1)  # step 1's first of two micro-steps
+    code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "8", "--grad-accum", "2")
+    log = (tmp_path / "logs" / "run" / "training.log").read_text()
+    assert code == 0 and losses == [] and "SIGTERM received; stopped cleanly" in log
+    assert "WARNING" not in log and not (run_dir / "final").exists(), log
+
+
 def test_sigterm_inside_eval_stops_without_a_val_loss(tmp_path, tiny_data, monkeypatch):
     signal_on_forward(monkeypatch, call=5 + 3)  # steps 1-5 train, then the third eval batch
     code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "20", "--eval-every", "5", "--save-every", "100")

@@ -151,7 +151,7 @@ class Checkpointer:
         fatal = self.poll(step)
         not_uploaded = None
         if self.accelerator.is_main_process:
-            if self.best_and_final:
+            if self.best_and_final and step > 0:  # stopped before its first step: nothing to publish
                 publish_final(self.step_folder(step), self.run_dir / "final", consolidate_weights=consolidate,
                               log=self.log, weights=self._registry.published)
             if self._uploader.store is not None:
