@@ -103,6 +103,11 @@ def run_driver(cases: list[Case], root: Path, env: dict) -> dict[str, dict]:
     return results
 
 
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:  # streamed: a case's oversized (sparse) file is GBs
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def snapshot(folder: Path, read: bool = True) -> dict[str, tuple]:
     """Every entry under `folder` without following links: kind, size, and a hash of the bytes (`read`) or the
     modification time; a link's target. Reading is only for folders whose access times do not matter."""
@@ -115,8 +120,7 @@ def snapshot(folder: Path, read: bool = True) -> dict[str, tuple]:
             if path.is_symlink():
                 found[rel] = ("link", os.readlink(path))
             elif path.is_file():
-                found[rel] = ("file", st.st_size, hashlib.sha256(path.read_bytes()).hexdigest() if read
-                              else st.st_mtime_ns)
+                found[rel] = ("file", st.st_size, _sha256(path) if read else st.st_mtime_ns)
             elif path.is_dir():
                 found[rel] = ("dir",)
             else:
