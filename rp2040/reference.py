@@ -17,99 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from rp2040.reference_ops import exp_q15, fits, gelu, layernorm, linear, quantize, rotate, shr
 from rp2040.runtime import fixed as fx
 from rp2040.runtime.modelfile import HEADER_SIZE, FormatError, Header, Layout
 from utils.errors import PiconeoxError
 from utils.textfile import read_json, read_text
-
-LIMIT = 2 ** 31
-
-
-def _fits(a: np.ndarray, what: str) -> np.ndarray:
-    if a.size and np.abs(a).max() >= LIMIT:
-        raise OverflowError(f"{what} leaves the 32-bit range the device computes in")
-    return a
-
-
-def shr(v: np.ndarray, n) -> np.ndarray:
-    """floor(v / 2**n), or v * 2**-n for negative n (elementwise n allowed)."""
-    n = np.asarray(n, np.int64)
-    return np.where(n >= 0, v >> np.maximum(n, 0), v << np.maximum(-n, 0))
-
-
-def bitlen(v: np.ndarray) -> np.ndarray:
-    return np.frexp(np.asarray(v, np.float64))[1].astype(np.int64)  # exact below 2**53
-
-
-def quantize(x: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each row shifted right (rounding) by the smallest s >= 0 with max|row| >> s <= limit: (ints, s)."""
-    m = np.abs(x).max(-1)
-    s = np.maximum(bitlen(m) - bitlen(np.int64(limit)), 0)  # fewer bits would leave m above the limit
-    s = s + ((m >> s) > limit)  # same bit length as the limit but larger
-    half = (np.int64(1) << s) >> 1
-    return (x + half[..., None]) >> s[..., None], s
-
-
-def mulshr(a: np.ndarray, m: np.ndarray, n) -> np.ndarray:
-    """floor(a * m / 2**n): the device splits a into 15-bit halves to compute it in 32 bits."""
-    return _fits(shr(a * m, n), "a requantized output")
-
-
-def linear(x: np.ndarray, w: np.ndarray, mult: np.ndarray, shift: int, bias: np.ndarray | None) -> np.ndarray:
-    xq, s = quantize(x, fx.input_limit(w.shape[1]))
-    acc = _fits(xq @ w.T.astype(np.int64), "an int8 dot product")
-    y = mulshr(acc, mult, shift - s[..., None])
-    return y if bias is None else _fits(y + bias, "a linear output")
-
-
-def layernorm(x: np.ndarray, g: np.ndarray, b: np.ndarray, shift: int, eps: int) -> np.ndarray:
-    d = x.shape[-1]
-    mean = _fits(x.sum(-1), "a norm's sum") // d
-    c = x - mean[..., None]
-    m = np.abs(c).max(-1)
-    k = np.maximum(bitlen(m) - fx.norm_bits(d), 0)
-    cs = c >> k[..., None]
-    var = _fits((cs * cs).sum(-1), "a norm's sum of squares") // d
-    v = var + (eps >> (2 * k))
-    sigma = np.floor(np.sqrt(v.astype(np.float64))).astype(np.int64)
-    sigma -= sigma * sigma > v
-    sigma += (sigma + 1) * (sigma + 1) <= v
-    sigma = np.maximum(sigma, 1)
-    nq = (cs << fx.NORM_FRAC) // sigma[..., None]
-    out = ((nq * g) >> (shift - (fx.ACT_FRAC - fx.NORM_FRAC))) + b
-    return _fits(np.where((m == 0)[..., None], b, out), "a norm's output")
-
-
-def gelu(x: np.ndarray, table: np.ndarray) -> np.ndarray:
-    u = x - (fx.GELU_LO << fx.ACT_FRAC)
-    inside = (u >= 0) & (u < (len(table) - 1) << fx.GELU_STEP_BITS)
-    j = np.clip(u >> fx.GELU_STEP_BITS, 0, len(table) - 2)
-    f = u & ((1 << fx.GELU_STEP_BITS) - 1)
-    y = table[j] + (((table[j + 1] - table[j]) * f) >> fx.GELU_STEP_BITS)
-    return np.where(inside, y, np.where(u < 0, 0, x))
-
-
-def exp_q15(u: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """2**15 * exp(-u / 2**10) for u >= 0: exp table in log2 steps of 1/64, linear in between."""
-    cut = u >= fx.EXP_CUT
-    y = (np.where(cut, 0, u) * fx.LOG2E) >> 14
-    i = (y & 1023) >> 4
-    f = y & 15
-    p = (table[i] + (((table[i + 1] - table[i]) * f) >> 4)) >> np.minimum(y >> 10, 31)
-    return np.where(cut | (y >= fx.EXP_CUT), 0, p)
-
-
-def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, heads: int, head_dim: int) -> np.ndarray:
-    """Rotary on the first 2*half dims of each head (rotate_half pairing), Q14 tables [T, half]."""
-    half = cos.shape[1]
-    out = x.copy()
-    for h in range(heads):
-        a = x[:, h * head_dim:h * head_dim + half]
-        b = x[:, h * head_dim + half:h * head_dim + 2 * half]
-        out[:, h * head_dim:h * head_dim + half] = (a * cos - b * sin) >> fx.ROPE_FRAC
-        out[:, h * head_dim + half:h * head_dim + 2 * half] = (b * cos + a * sin) >> fx.ROPE_FRAC
-    return out
-
 
 class ReferenceModel:
     """An int8 model.bin as numpy arrays; `logits(ids)` gives every position's int logits (Q16)."""
@@ -170,13 +82,13 @@ class ReferenceModel:
         causal = np.tril(np.ones((t, t), bool))
         for head in range(h.heads):
             cols = slice(head * hd, (head + 1) * hd)
-            raw = _fits(q[:, cols] @ k[:, cols].T, "an attention score")
-            z = _fits(shr(raw, 22 - sq[:, None] - sk[None, :]), "an attention score")
+            raw = fits(q[:, cols] @ k[:, cols].T, "an attention score")
+            z = fits(shr(raw, 22 - sq[:, None] - sk[None, :]), "an attention score")
             z = np.where(causal, z, np.iinfo(np.int64).min // 4)
             p = np.where(causal, exp_q15(np.where(causal, z.max(1, keepdims=True) - z, 0), self.exp_t), 0)
             wgt = (p << fx.EXP_FRAC) // p.sum(1, keepdims=True)
             terms = shr(wgt[:, :, None] * v[None, :, cols], 11 - sv[None, :, None])  # Q20
-            out[:, cols] = _fits(terms.sum(1), "an attention output") >> 4
+            out[:, cols] = fits(terms.sum(1), "an attention output") >> 4
         return out
 
     def logits(self, ids: list[int]) -> np.ndarray:
@@ -190,10 +102,10 @@ class ReferenceModel:
             h1 = layernorm(x, *L["ln1"], self.eps)
             att = linear(self._attention(linear(h1, *L["qkv"])), *L["dense"])
             if not h.parallel_residual:
-                x = _fits(x + att, "the residual stream")
+                x = fits(x + att, "the residual stream")
             h2 = layernorm(x, *L["ln2"], self.eps)
             mlp = linear(gelu(linear(h2, *L["fc_in"]), self.gelu_t), *L["fc_out"])
-            x = _fits(x + mlp + (att if h.parallel_residual else 0), "the residual stream")
+            x = fits(x + mlp + (att if h.parallel_residual else 0), "the residual stream")
         return linear(layernorm(x, *self.final, self.eps), self.head, self.head_m, self.head_s, None)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rp2040 import emulate, wasm
-from rp2040.reference import linear
+from rp2040.reference_ops import linear
 from rp2040.runtime.fixed import input_limit
 
 # (n_out, n_in, w_off, |x| below, |m| below, shift): word-aligned rows (asm_thumb dot products on the Pico), rows of
