@@ -86,9 +86,11 @@ accelerator.wait_for_everyone()
 base = reset_peak()
 load_sharded(folder, unwrapped, optimizer.optimizer)
 load = peak() - base
-print(json.dumps({"rank": rank, "build_mb": build / MB, "save_mb": save / MB, "load_mb": load / MB,
-                  "staged_mb": staged / MB, "freed": freed,
-                  "checkpoint_mb": sum(p.stat().st_size for p in folder.iterdir()) / MB,
-                  "weights_mb": params * 4 / MB, "optimizer_mb": params * 8 / MB}))
+report = {"rank": rank, "build_mb": build / MB, "save_mb": save / MB, "load_mb": load / MB, "staged_mb": staged / MB,
+          "freed": freed, "checkpoint_mb": sum(p.stat().st_size for p in folder.iterdir()) / MB,
+          "weights_mb": params * 4 / MB, "optimizer_mb": params * 8 / MB}
+# One write per line: both ranks share the pipe, and print's separate "\n" write let their lines interleave.
+sys.stdout.write(json.dumps(report) + "\n")
+sys.stdout.flush()
 accelerator.wait_for_everyone()
 torch.distributed.destroy_process_group()

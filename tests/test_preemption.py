@@ -53,8 +53,10 @@ for micro in range(1000):
     if vote():
         break
 vote.close()
-print(json.dumps({"rank": rank, "stopped_at": micro, "reason": stop.reason, "time_up": vote.time_up,
-                  "backend": torch.distributed.get_backend(vote._group)}))
+report = {"rank": rank, "stopped_at": micro, "reason": stop.reason, "time_up": vote.time_up,
+          "backend": torch.distributed.get_backend(vote._group)}
+sys.stdout.write(json.dumps(report) + "\n")  # one write: the ranks share the pipe, so a line must not split
+sys.stdout.flush()
 accelerator.wait_for_everyone()
 torch.distributed.destroy_process_group()  # without it gloo may abort at exit when the other rank is gone first
 """
