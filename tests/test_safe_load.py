@@ -185,3 +185,21 @@ def test_a_resume_walks_the_index_once_and_never_trusts_other_bytes(work, tiny_d
         with pytest.raises(PiconeoxError, match="nested"):
             bounded.check_pickle(deep, "x")
     assert walked.count(deep) == 2
+
+
+def test_reading_the_index_reserves_what_it_reads_not_its_limit(trained):
+    """`.metadata` was read with f.read(1 GiB + 1), which reserves 1 GiB up front for a ~10 KB file: under an
+    address-space limit (the hostile suite's driver, strict overcommit) a resume failed with MemoryError."""
+    import subprocess
+    import sys
+
+    code = f"""
+import resource, sys
+from utils.ckpt.safe_load import SafeFileSystemReader
+vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), vm + (512 << 20)))  # half of what the old read reserved
+print(len(SafeFileSystemReader({str(trained / "ckpt" / "run" / STEP)!r}).read_metadata().state_dict_metadata))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parents[1])
+    assert proc.returncode == 0 and int(proc.stdout) > 0, proc.stderr[-2000:]
