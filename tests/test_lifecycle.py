@@ -60,11 +60,19 @@ def lock_holders(tmp_path: Path) -> list[dict]:
 
 
 def training(tmp_path: Path, procs: int) -> list[int]:
-    """Pids of the launcher and every rank, once all ranks hold the lock and the first checkpoint is saved."""
+    """Pids of the launcher and every rank, once all ranks hold the lock and a checkpoint is saved. Any step's: the
+    run saves every 5 steps and keeps 3, so step 5 lives about a second, less than a poll may take on a busy box."""
     holders = lock_holders(tmp_path)
-    if len(holders) == procs + 1 and check_complete(tmp_path / "ckpt" / "r" / step_dir_name(5)) is None:
+    if len(holders) == procs + 1 and any(saved(folder) for folder in (tmp_path / "ckpt" / "r").glob("step-*")):
         return [h["pid"] for h in holders]
     return []
+
+
+def saved(folder: Path) -> bool:
+    try:
+        return check_complete(folder) is None
+    except OSError:  # rotated away while it was read
+        return False
 
 
 # --- the lock itself -------------------------------------------------------------------------------------
@@ -206,8 +214,17 @@ def test_closing_the_terminal_stops_the_run_cleanly(tmp_path, tiny_data):
                             stdout=slave, stderr=slave, env=launcher_env(), start_new_session=True,
                             preexec_fn=controlling_terminal)
     os.close(slave)
-    threading.Thread(target=drain, args=(master,), daemon=True).start()  # a full terminal would block the run
-    pids = wait_for("the run training", lambda: training(tmp_path, 1))
+    output: list[bytes] = []
+    threading.Thread(target=drain, args=(master, output), daemon=True).start()  # a full terminal would block the run
+    def started() -> list[int]:
+        assert proc.poll() is None, "the launcher ended before training"
+        return training(tmp_path, 1)
+
+    try:
+        pids = wait_for("the run training", started, timeout=300)
+    except AssertionError:  # say what the run was doing: its exit code, each process's state, what it printed
+        raise AssertionError(f"exit {proc.poll()}; processes {process_states(proc.pid)}; terminal: "
+                             f"{b''.join(output)[-3000:].decode(errors='replace')}") from None
     os.close(master)  # the terminal goes away: the kernel hangs it up
     assert proc.wait(timeout=180) == 0  # a clean stop, not a timing goal: a loaded 2-core box took over 60 s
     log = (tmp_path / "logs" / "r" / "training.log").read_text()
@@ -217,12 +234,30 @@ def test_closing_the_terminal_stops_the_run_cleanly(tmp_path, tiny_data):
     assert not any(alive(p) for p in pids) and lock_holders(tmp_path) == []
 
 
-def drain(fd: int) -> None:
+def drain(fd: int, into: list[bytes]) -> None:
     try:
-        while os.read(fd, 4096):
-            pass
+        while chunk := os.read(fd, 4096):
+            into.append(chunk)
     except OSError:
         pass
+
+
+def process_states(root: int) -> list[str]:
+    """'pid name state' of `root` and its descendants (state T: stopped, e.g. by SIGTTOU/SIGTTIN on a terminal)."""
+    stats = {}
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, rest = stat_file.read_text().split(" (", 1)
+            name, fields = rest.rsplit(") ", 1)
+            stats[int(pid)] = (name, *fields.split()[:2])  # state, parent pid
+        except (OSError, ValueError):
+            continue
+    family, found = {root}, []
+    for pid in sorted(stats):  # children have larger pids than their parents here (no pid wrap in a test)
+        if pid in family or int(stats[pid][2]) in family:
+            family.add(pid)
+            found.append(f"{pid} {stats[pid][0]} {stats[pid][1]}")
+    return found
 
 
 # --- the stop path never waits for ever ------------------------------------------------------------------
