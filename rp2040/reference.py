@@ -23,6 +23,7 @@ from rp2040.runtime.modelfile import HEADER_SIZE, FormatError, Header, Layout
 from utils.errors import PiconeoxError
 from utils.textfile import read_json, read_text
 
+
 class ReferenceModel:
     """An int8 model.bin as numpy arrays; `logits(ids)` gives every position's int logits (Q16)."""
 
@@ -158,7 +159,6 @@ def generate(model: ReferenceModel, prompt: list[int], n: int, temperature: floa
 def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_tokens: int = 20000) -> dict:
     """Mean next-token loss on `text` (windows of the model's context) of the integer reference and of
     PyTorch float32 on the checkpoint it was exported from."""
-
     import torch
     from tokenizers import Tokenizer
 

@@ -105,16 +105,6 @@ def check_pickle(data: bytes, path, item: str = "") -> None:
         _PASSED.popitem(last=False)
 
 
-def read_at_most(f, limit: int, chunk: int = 1 << 20) -> bytes:
-    """Up to `limit` + 1 bytes of the binary file `f`, read in chunks: `f.read(limit + 1)` reserves `limit` bytes
-    up front (1 GiB for a ~1 MB index), which fails under an address-space limit or strict overcommit."""
-    parts, size = [], 0
-    while size <= limit and (part := f.read(min(chunk, limit + 1 - size))):
-        parts.append(part)
-        size += len(part)
-    return b"".join(parts)
-
-
 def check_torch_zip(source, path, item: str = "") -> None:
     """`source` (a path or a seekable binary file) is a torch.save zip whose records are all stored uncompressed,
     and whose pickle passes check_pickle; else one PiconeoxError line. `source` is rewound afterwards."""

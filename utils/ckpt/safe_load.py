@@ -27,7 +27,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.utils import _ReaderView
 
-from utils.ckpt.bounded import check_pickle, check_torch_zip, read_at_most
+from utils.ckpt.bounded import check_pickle, check_torch_zip
 from utils.errors import PiconeoxError, first_line
 
 MAX_INDEX_BYTES = 1 << 30  # a 1.2B model's .metadata is ~1 MB
@@ -88,9 +88,10 @@ class SafeFileSystemReader(FileSystemReader):
 
         path = self._get_metadata_path(kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as f:
-            data = read_at_most(f, MAX_INDEX_BYTES)
-        if len(data) > MAX_INDEX_BYTES:
-            raise PiconeoxError(f"{path}: more than {MAX_INDEX_BYTES:,} bytes, not a checkpoint index")
+            size = os.fstat(f.fileno()).st_size  # read what it holds: f.read(MAX + 1) reserved 1 GiB up front
+            if size > MAX_INDEX_BYTES:
+                raise PiconeoxError(f"{path}: more than {MAX_INDEX_BYTES:,} bytes, not a checkpoint index")
+            data = f.read(size)
         check_pickle(data, path)  # bounded before any object is built
         try:
             metadata = MetadataUnpickler(io.BytesIO(data), path).load()
