@@ -322,6 +322,26 @@ def test_ctrl_c_during_prepare_stops_at_once_and_keeps_the_old_dataset(tmp_path,
     assert {p.name: p.read_bytes() for p in old.iterdir()} == before  # no .staging, nothing changed
 
 
+def test_ctrl_c_ends_a_cli_at_once_beside_native_work_it_cannot_stop(tmp_path):
+    """BPE training runs in Rust on a thread that Ctrl-C cannot stop: Python's shutdown would wait for such a thread,
+    or end it from inside Rust, which aborted prepare_data.py (exit -6, "FATAL: exception not rethrown") in 1 of 15
+    interrupted runs on a loaded box. A CLI that leaves one running ends without that shutdown."""
+    script = tmp_path / "interrupted.py"
+    script.write_text("import sys, threading, time\n"
+                      "from utils.errors import cli, leave_running\n"
+                      "@cli\n"
+                      "def main(argv=None):\n"
+                      "    work = threading.Thread(target=time.sleep, args=(600,))  # not a daemon: shutdown waits\n"
+                      "    work.start()\n"
+                      "    leave_running(work)\n"
+                      "    print('output so far', end='')  # still flushed\n"
+                      "    raise KeyboardInterrupt\n"
+                      "sys.exit(main())\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (proc.returncode, proc.stdout, proc.stderr) == (130, "output so far", "error: interrupted\n")
+
+
 @pytest.mark.parametrize("script,args,message", [
     ("start_training.sh", ["--config", "test", "--gpus", "99999999999999999999"],
      "--gpus '99999999999999999999' is not a whole number"),

@@ -26,6 +26,7 @@ import errno
 import functools
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -58,22 +59,42 @@ def cli(main: Callable[..., int | None]) -> Callable[..., int]:
 
     @functools.wraps(main)
     def run(argv=None) -> int:
-        try:
-            return main(argv) or 0
-        except Interrupted as e:
-            return finish(INTERRUPTED, f"error: {e}")
-        except PiconeoxError as e:  # under utils/launch.py the launcher prints it once, for every rank
-            return finish(REFUSED, f"error: {e}")
-        except OSError as e:  # the safety net for a write no check foresaw: a full or read-only disk is no bug
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
-                raise
-            where = f"{e.filename}: " if e.filename else ""
-            fix = "choose a writable folder" if e.errno == errno.EROFS else "free some space or choose another folder"
-            return finish(REFUSED, f"error: {where}{e.strerror}; {fix}")
-        except KeyboardInterrupt:  # recorded like any outcome: under the launcher too, 130 and one line
-            return finish(INTERRUPTED, "error: interrupted")
+        code = _outcome(main, argv)
+        if any(t.is_alive() for t in _UNSTOPPABLE):
+            # native work that ignores Ctrl-C still runs on a thread: at interpreter shutdown it would be
+            # unwound from inside Rust or C++ and abort the process ("FATAL: exception not rethrown", -6)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
 
     return run
+
+
+_UNSTOPPABLE: list[threading.Thread] = []
+
+
+def leave_running(thread: threading.Thread) -> None:
+    """`thread` runs native code that cannot be stopped: the CLI that left it ends without Python's shutdown."""
+    _UNSTOPPABLE.append(thread)
+
+
+def _outcome(main: Callable[..., int | None], argv) -> int:
+    """main's exit code, a caught error reported as one line with its code."""
+    try:
+        return main(argv) or 0
+    except Interrupted as e:
+        return finish(INTERRUPTED, f"error: {e}")
+    except PiconeoxError as e:  # under utils/launch.py the launcher prints it once, for every rank
+        return finish(REFUSED, f"error: {e}")
+    except OSError as e:  # the safety net for a write no check foresaw: a full or read-only disk is no bug
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        fix = "choose a writable folder" if e.errno == errno.EROFS else "free some space or choose another folder"
+        return finish(REFUSED, f"error: {where}{e.strerror}; {fix}")
+    except KeyboardInterrupt:  # recorded like any outcome: under the launcher too, 130 and one line
+        return finish(INTERRUPTED, "error: interrupted")
 
 
 DONE, REFUSED, NOT_UPLOADED, INTERRUPTED = 0, 2, 3, 130

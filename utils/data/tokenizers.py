@@ -24,7 +24,7 @@ from tokenizers import Tokenizer, decoders, models, trainers
 from tokenizers.pre_tokenizers import ByteLevel
 
 from utils.atomic import atomic_write
-from utils.errors import PiconeoxError
+from utils.errors import PiconeoxError, leave_running
 
 EOT = "<|endoftext|>"
 KINDS = ("char", "byte", "bpe")
@@ -98,8 +98,12 @@ def _interruptible(work) -> None:
 
     thread = threading.Thread(target=run, name="bpe-train", daemon=True)
     thread.start()
-    while thread.is_alive():
-        thread.join(0.1)
+    try:
+        while thread.is_alive():
+            thread.join(0.1)
+    except BaseException:
+        leave_running(thread)  # Rust cannot be stopped: the CLI must not wait for it, nor unwind it at exit
+        raise
     if failed:
         raise failed[0]
 
