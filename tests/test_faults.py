@@ -211,7 +211,8 @@ def test_the_printed_next_commands_run_from_another_folder_with_spaces_and_non_a
     line = next_commands("test", run_dir, stopped=False).splitlines()[1].strip()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    proc = subprocess.run(["bash", "-c", line.replace("200", "3")], cwd=elsewhere, env=ENV, capture_output=True,
+    assert line.endswith(" --max-new-tokens 200")  # shortened below; a bare "200" may be in pytest's tmp path
+    proc = subprocess.run(["bash", "-c", line.removesuffix("200") + "3"], cwd=elsewhere, env=ENV, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("Once upon a time"), (line, proc.stderr[-2000:])
 
