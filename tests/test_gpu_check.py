@@ -1,5 +1,5 @@
 """benchmarks/gpu_check.sh in its CPU mode: every stage runs end to end, and each JSON line carries exactly the keys
-the GPU mode prints (gpu_check.KEYS), so the check cannot rot before the next GPU is lent."""
+the GPU mode prints (gpu_results.KEYS), so the check cannot rot before the next GPU is lent."""
 import json
 import subprocess
 
@@ -10,7 +10,7 @@ from tests.conftest import REPO
 
 def test_cpu_smoke_runs_every_stage_with_the_gpu_keys(tmp_path):
     """--out relative to where the check starts (its runs start inside it: out/out/ once wrote every number None)."""
-    import benchmarks.gpu_check as check
+    from benchmarks.gpu_results import KEYS
 
     proc = subprocess.run([str(REPO / "benchmarks" / "gpu_check.sh"), "all", "--cpu-smoke", "--out", "out"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
@@ -18,9 +18,9 @@ def test_cpu_smoke_runs_every_stage_with_the_gpu_keys(tmp_path):
     out = tmp_path / "out"
     assert not (out / "out").exists()
     lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert {line["stage"] for line in lines} == set(check.KEYS)
+    assert {line["stage"] for line in lines} == set(KEYS)
     for line in lines:
-        assert sorted(line) == sorted(["stage", *check.KEYS[line["stage"]]]), line
+        assert sorted(line) == sorted(["stage", *KEYS[line["stage"]]]), line
     by = {line["stage"]: line for line in lines}
     assert by["train"]["ok"] and by["train"]["tok_s"] > 0
     assert by["save"]["staged_gb"] > 0 and by["save"]["blocking_s"] is not None
@@ -45,7 +45,7 @@ def test_the_steps_during_a_write_are_those_that_ran_entirely_while_it_went_on()
 
 def test_a_parent_package_without_the_module_is_not_importable():
     """find_spec raises where `google` is a namespace without `cloud` (google_crc32c alone installed)."""
-    from benchmarks.gpu_check import importable
+    from benchmarks.gpu_kernels import importable
 
     assert importable("json") and not importable("json.no_such_package.storage")
 
