@@ -38,6 +38,7 @@ from utils.optim import build_optimizer, build_scheduler  # noqa: E402
 from utils.storage import open_storage  # noqa: E402
 from utils.data.tokenizers import load_tokenizer  # noqa: E402
 from utils.ckpt.uploader import CheckpointUploader, SaveRequest  # noqa: E402
+from utils.errors import CliParser, at_least, cli  # noqa: E402
 
 import transformers  # noqa: E402
 
@@ -61,8 +62,8 @@ class Run:
         self.metrics = MetricsWriter(log_dir, True)
         self.state = TrainerState()
         parts = training_parts(self.scheduler, None, self.loader, self.state, self.metrics)
-        self.checkpointer = Registry(self.model, self.optimizer, parts,
-                                              run_config={"model": self.cfg.to_dict()}, tokenizer=self.tokenizer)
+        self.registry = Registry(self.model, self.optimizer, parts, run_config={"model": self.cfg.to_dict()},
+                                 tokenizer=self.tokenizer)
 
     def step(self) -> float:
         start = time.perf_counter()
@@ -75,7 +76,7 @@ class Run:
         return time.perf_counter() - start
 
     def snapshot(self) -> Snapshot:
-        return self.checkpointer.capture(self.state.step)
+        return self.registry.capture(self.state.step)
 
 
 def open_bucket(kind: str, tmp: Path):
@@ -95,12 +96,14 @@ def open_bucket(kind: str, tmp: Path):
     return open_storage("gs://bench/ckpt").child("run"), server.stop
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--threads", type=int, default=1, help="torch threads for training (default 1)")
+@cli
+def main(argv=None) -> None:
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=at_least(1), default=1, help="torch threads for training (default 1)")
     p.add_argument("--bucket", choices=("fake-gcs", "local"), default="fake-gcs")
-    p.add_argument("--saves", type=int, default=6, help="background saves to time (default 6)")
-    args = p.parse_args()
+    p.add_argument("--saves", type=at_least(2), default=6,
+                   help="background saves to time, at least 2: the first apart (default 6)")
+    args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -155,4 +158,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

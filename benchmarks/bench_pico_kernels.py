@@ -14,7 +14,6 @@ the same on any host; rp2040js does not model the XIP flash cache, so real flash
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rp2040.pico_exec import CYCLES_PER_US, run_code  # noqa: E402
+from utils.errors import CliParser, at_least, cli  # noqa: E402
 
 DEVICE = """
 import time
@@ -104,13 +104,16 @@ def profile(model_dir: Path, positions: int) -> None:
         print(f"| {name.replace('_', ' ')} | {int(us):,} | {100 * int(us) / total:.0f}% |")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=224, help="matrix rows (default 224: pico-large's FFN)")
-    ap.add_argument("--cols", type=int, default=80, help="matrix columns, a multiple of 4 (default 80)")
+@cli
+def main(argv=None) -> int:
+    ap = CliParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=at_least(1), default=224, help="matrix rows (default 224: pico-large's FFN)")
+    ap.add_argument("--cols", type=at_least(4), default=80, help="matrix columns, a multiple of 4 (default 80)")
     ap.add_argument("--profile", type=Path, help="an exported int8 model: where its forward pass spends time")
-    ap.add_argument("--positions", type=int, default=8, help="--profile: positions run (default 8)")
-    args = ap.parse_args()
+    ap.add_argument("--positions", type=at_least(1), default=8, help="--profile: positions run (default 8)")
+    args = ap.parse_args(argv)
+    if args.cols % 4:
+        ap.error(f"--cols {args.cols} is not a multiple of 4 (int8 weights are packed 4 per word)")
     if args.profile:
         profile(args.profile, args.positions)
         return 0

@@ -12,7 +12,6 @@ f32 models take minutes.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -22,17 +21,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rp2040 import emulate  # noqa: E402
 from rp2040.export import export  # noqa: E402
 from tests.rp2040_models import save_checkpoint  # noqa: E402  (the tests' wide random init)
-from utils.errors import PiconeoxError  # noqa: E402
+from utils.errors import CliParser, PiconeoxError, at_least, cli  # noqa: E402
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=8, help="tokens generated per model (default 8)")
+@cli
+def main(argv=None) -> int:
+    ap = CliParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=at_least(1), default=8, help="tokens generated per model (default 8)")
     ap.add_argument("--presets", default="rp2040-speed,rp2040-optimized,rp2040-quality")
     ap.add_argument("--dtypes", default="int8,f32")
     ap.add_argument("--prompt", default=emulate.DEFAULT_PROMPT)
     ap.add_argument("--firmware", type=Path)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if emulate.unavailable() and args.firmware is None:
         print(f"error: {emulate.unavailable()}", file=sys.stderr)
         return 2

@@ -26,6 +26,7 @@ from google.cloud import storage  # noqa: E402
 from tests.gcs_servers import start_fake_gcs  # noqa: E402
 from utils.storage.gcs import GCSStorage  # noqa: E402
 from utils.storage.sync import INDEX_NAME, download_tree  # noqa: E402
+from utils.errors import CliParser, at_least, cli  # noqa: E402
 
 
 def counting_client(host: str) -> tuple[storage.Client, list[str]]:
@@ -70,11 +71,12 @@ def bench_throughput(name: str, host: str, big_mib: int, work: Path) -> None:
     print(f"{name}: 4 workers / 1 worker = {rates[4] / rates[1]:.2f}x")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--files", type=int, default=1000, help="small shards for the re-run check")
-    parser.add_argument("--big-mib", type=int, default=32, help="size of each of 4 objects for throughput")
-    args = parser.parse_args()
+@cli
+def main(argv=None) -> None:
+    parser = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--files", type=at_least(1), default=1000, help="small shards for the re-run check")
+    parser.add_argument("--big-mib", type=at_least(1), default=32, help="size of each of 4 objects for throughput")
+    args = parser.parse_args(argv)
 
     emulator = create_server("127.0.0.1", 0, in_memory=True)
     emulator.start()
@@ -91,4 +93,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -27,6 +27,7 @@ from configs.model import build_model  # noqa: E402
 from utils.data.prepare import prepare  # noqa: E402
 from utils.lm import lm_loss  # noqa: E402
 from utils.optim import build_optimizer  # noqa: E402
+from utils.errors import CliParser, at_least, cli  # noqa: E402
 
 WARMUP = 5
 
@@ -64,13 +65,14 @@ def trainer_loop(args, data: Path, out: Path) -> float:
     return statistics.median([h["train/step_time_s"] for h in history if "train/step_time_s" in h][WARMUP:])
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=40)
+@cli
+def main(argv=None) -> None:
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=at_least(WARMUP + 1), default=40)
     p.add_argument("--preset", default="test")
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=8)
-    args = p.parse_args()
+    p.add_argument("--seq-len", type=at_least(1), default=256)
+    p.add_argument("--batch-size", type=at_least(1), default=8)
+    args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         data = prepare(["demo"], name="bench", out_dir=out, tokenizer="byte", dataset_percent=20)
@@ -88,4 +90,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

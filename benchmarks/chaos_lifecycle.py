@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from utils.ckpt.format import MARKER, WEIGHTS_FILE, check_complete, latest_complete, step_folders  # noqa: E402
-from utils.errors import CliParser, cli  # noqa: E402
+from utils.errors import CliParser, at_least, cli  # noqa: E402
 from utils.run.runlock import start_time  # noqa: E402
 
 TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set", "model.num_heads=4", "--set",
@@ -186,14 +186,11 @@ def chaos(procs: int, kills: int, steps: int, data: Path, root: Path, rng: rando
 @cli
 def main(argv=None) -> int:
     p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--procs", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--kills", type=int, default=8)
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--procs", type=at_least(1), nargs="+", default=[1, 2])
+    p.add_argument("--kills", type=at_least(0), default=8)
+    p.add_argument("--steps", type=at_least(1), default=400)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    for flag, values, low in (("--procs", args.procs, 1), ("--kills", [args.kills], 0), ("--steps", [args.steps], 1)):
-        if any(v < low for v in values):
-            p.error(f"{flag} {' '.join(map(str, values))}: must be at least {low}")
     from prepare_data import prepare
 
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:

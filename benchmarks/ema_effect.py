@@ -24,6 +24,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from utils.errors import CliParser, cli  # noqa: E402
+
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 
 
@@ -58,7 +62,6 @@ def update_cost(preset: str, steps: int = 30) -> dict:
     """Median CPU ms of a bare training step and of one EMA update after it, interleaved (same cache state)."""
     import torch
 
-    sys.path.insert(0, str(REPO))
     from configs.model import build_model
     from configs.presets import resolve_config
     from utils.ema import WeightEMA
@@ -87,13 +90,14 @@ def update_cost(preset: str, steps: int = 30) -> dict:
             "overhead_pct": round(100 * update / step, 2)}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+@cli
+def main(argv=None) -> int:
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--presets", nargs="+", default=["shakespeare-char-fast", "pico-best"])
     p.add_argument("--decays", nargs="+", type=float, default=[0.0, 0.999])
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--update-cost", action="store_true", help="only time an EMA update against a bare step")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.update_cost:
         for preset in args.presets:
             print(json.dumps(update_cost(preset)), flush=True)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.gpu_kernels import stage_env, stage_kernels  # noqa: E402
 from benchmarks.gpu_results import GB, record  # noqa: E402
 from utils.atomic import check_writable_dir  # noqa: E402
-from utils.errors import CliParser, cli  # noqa: E402
+from utils.errors import CliParser, at_least, cli  # noqa: E402
 
 # --- runs through ./start_training.sh ----------------------------------------------------------------------
 
@@ -197,11 +197,10 @@ def main(argv=None) -> int:
     p.add_argument("stage", choices=[*STAGES, "all"])
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--cpu-smoke", action="store_true")
-    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20 on a GPU, 6 on CPU)")
+    p.add_argument("--steps", type=at_least(1), default=None,
+                   help="training steps per run (default 20 on a GPU, 6 on CPU)")
     p.add_argument("--variant", choices=VARIANTS, default="base", help="the train stage's run (default base)")
     args = p.parse_args(argv)
-    if args.steps is not None and args.steps < 1:
-        p.error(f"--steps {args.steps}: must be at least 1")
     if args.out.exists() and not args.out.is_dir():
         p.error(f"--out {args.out} is a file, not a folder; choose another path")
     check_writable_dir(args.out, "--out")

@@ -13,7 +13,6 @@ sample is the device runtime's own text on the host (`rp2040.run`, the same ids 
 """
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import subprocess
@@ -32,6 +31,7 @@ from utils.data.prepare import prepare  # noqa: E402
 from utils.ckpt.format import MARKER  # noqa: E402
 from utils.generate import load_checkpoint_model  # noqa: E402
 from utils.data.shards import open_shard, read_manifest  # noqa: E402
+from utils.errors import CliParser, at_least, cli  # noqa: E402
 
 TINYSTORIES = REPO.parent / "shared" / "data" / "tinystories"
 PROMPT = "Once upon a time"
@@ -75,14 +75,15 @@ def emulated(model_dir: Path, tokens: int) -> tuple[str, str]:
     return f"{e.tok_per_s:.1f}", f"{e.heap_loaded:,}" + (" (streamed)" if e.stream else "")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+@cli
+def main(argv=None) -> int:
+    ap = CliParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default="rp2040-speed,rp2040-optimized,pico-fast,rp2040-quality,pico-best,pico-large")
     ap.add_argument("--out", type=Path, default=Path("/tmp/pico-tinystories"))
     ap.add_argument("--train", type=Path, default=TINYSTORIES / "tinystories_10k.txt")
     ap.add_argument("--val", type=Path, default=TINYSTORIES / "tinystories_val.txt")
-    ap.add_argument("--tokens", type=int, default=16, help="tokens generated on the emulated Pico")
-    args = ap.parse_args()
+    ap.add_argument("--tokens", type=at_least(1), default=16, help="tokens generated on the emulated Pico")
+    args = ap.parse_args(argv)
     if not (args.train.is_file() and args.val.is_file()):
         print(f"error: {args.train} or {args.val} not found (see ../shared/data/PROVENANCE.md)", file=sys.stderr)
         return 2

@@ -90,7 +90,7 @@ def test_checkpoint_of_compiled_model_loads_into_plain_model(tmp_path, tiny_data
     parts = training_parts(build_scheduler(optimizer, 1, 10, 0.1), None, loader, TrainerState(),
                                 MetricsWriter(tmp_path, True))
     snap = Registry(unwrapped, optimizer.optimizer, parts, run_config={},
-                             tokenizer=load_tokenizer(tiny_data)).capture(1)
+                    tokenizer=load_tokenizer(tiny_data)).capture(1)
     folder = tmp_path / "step-00000001"
     write_marker(folder, 1, 1, manifest(folder, write_shards(snap, folder)))
     from torch.distributed.checkpoint import FileSystemReader

@@ -60,9 +60,8 @@ class Trainer:
 
     def snapshot(self) -> Snapshot:
         parts = training_parts(self.scheduler, None, self.loader, self.state, self.metrics)
-        checkpointer = Registry(self.model, self.optimizer, parts, run_config=self.run_config,
-                                         tokenizer=self.tokenizer)
-        return checkpointer.capture(self.state.step)
+        registry = Registry(self.model, self.optimizer, parts, run_config=self.run_config, tokenizer=self.tokenizer)
+        return registry.capture(self.state.step)
 
 
 @pytest.fixture(autouse=True)

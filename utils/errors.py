@@ -49,6 +49,21 @@ class CliParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse `type`: a whole number >= `low`, else CliParser's one line naming the value and the bound."""
+
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {low}")
+        return value
+
+    return whole
+
+
 class Interrupted(PiconeoxError):
     """Ctrl-C, saying what was kept; `cli` reports it as one line with exit code 130."""
 
