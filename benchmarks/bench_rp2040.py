@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from configs.presets import preset_list  # noqa: E402
 from rp2040 import emulate  # noqa: E402
 from rp2040.export import export  # noqa: E402
 from tests.rp2040_models import save_checkpoint  # noqa: E402  (the tests' wide random init)
@@ -28,7 +29,7 @@ from utils.errors import CliParser, PiconeoxError, at_least, cli  # noqa: E402
 def main(argv=None) -> int:
     ap = CliParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=at_least(1), default=8, help="tokens generated per model (default 8)")
-    ap.add_argument("--presets", default="rp2040-speed,rp2040-optimized,rp2040-quality")
+    ap.add_argument("--presets", type=preset_list, default="rp2040-speed,rp2040-optimized,rp2040-quality")
     ap.add_argument("--dtypes", default="int8,f32")
     ap.add_argument("--prompt", default=emulate.DEFAULT_PROMPT)
     ap.add_argument("--firmware", type=Path)
@@ -38,7 +39,7 @@ def main(argv=None) -> int:
         return 2
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for preset in args.presets.split(","):
+        for preset in args.presets:
             ckpt = save_checkpoint(preset, Path(tmp) / preset)[0]
             for dtype in args.dtypes.split(","):
                 out = Path(tmp) / f"{preset}-{dtype}"

@@ -26,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from configs.presets import PRESET_NAMES  # noqa: E402
 from utils.errors import CliParser, cli  # noqa: E402
 
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -93,7 +94,8 @@ def update_cost(preset: str, steps: int = 30) -> dict:
 @cli
 def main(argv=None) -> int:
     p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--presets", nargs="+", default=["shakespeare-char-fast", "pico-best"])
+    p.add_argument("--presets", nargs="+", choices=PRESET_NAMES, default=["shakespeare-char-fast", "pico-best"],
+                   metavar="PRESET")
     p.add_argument("--decays", nargs="+", type=float, default=[0.0, 0.999])
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--update-cost", action="store_true", help="only time an EMA update against a bare step")

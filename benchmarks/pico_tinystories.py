@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from configs.presets import MODEL_PRESETS, TRAIN_PRESETS  # noqa: E402
+from configs.presets import MODEL_PRESETS, TRAIN_PRESETS, preset_list  # noqa: E402
 from utils.data.prepare import prepare  # noqa: E402
 from utils.ckpt.format import MARKER  # noqa: E402
 from utils.generate import load_checkpoint_model  # noqa: E402
@@ -78,7 +78,8 @@ def emulated(model_dir: Path, tokens: int) -> tuple[str, str]:
 @cli
 def main(argv=None) -> int:
     ap = CliParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--presets", default="rp2040-speed,rp2040-optimized,pico-fast,rp2040-quality,pico-best,pico-large")
+    ap.add_argument("--presets", type=preset_list,
+                    default="rp2040-speed,rp2040-optimized,pico-fast,rp2040-quality,pico-best,pico-large")
     ap.add_argument("--out", type=Path, default=Path("/tmp/pico-tinystories"))
     ap.add_argument("--train", type=Path, default=TINYSTORIES / "tinystories_10k.txt")
     ap.add_argument("--val", type=Path, default=TINYSTORIES / "tinystories_val.txt")
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
         print(f"error: {args.train} or {args.val} not found (see ../shared/data/PROVENANCE.md)", file=sys.stderr)
         return 2
     py, rows = sys.executable, []
-    for preset in args.presets.split(","):
+    for preset in args.presets:
         data = dataset(preset, args.train, args.val, args.out / "data")
         run = args.out / "ckpt" / preset
         if not (run / "final" / MARKER).exists():

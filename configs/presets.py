@@ -83,6 +83,16 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
 PRESET_NAMES = tuple(MODEL_PRESETS)
 
 
+def preset_list(text: str) -> list[str]:
+    """An argparse `type`: comma-separated preset names, each one of PRESET_NAMES."""
+    import argparse
+
+    names = text.split(",")
+    if unknown := [n for n in names if n not in MODEL_PRESETS]:
+        raise argparse.ArgumentTypeError(f"unknown preset {unknown[0]!r}; valid presets: {', '.join(PRESET_NAMES)}")
+    return names
+
+
 def _coerce(value, annotation: str, key: str):
     """Turn a flag or YAML value into the field's type, or raise one clear line."""
     if not isinstance(value, str):

@@ -189,6 +189,9 @@ def test_damage_and_one_line_refusals(tmp_path, tiny_data):
         ("benchmarks.bench_pico_kernels", ["--cols", "6"], "--cols 6 is not a multiple of 4"),
         ("benchmarks.pico_tinystories", ["--tokens", "-1"], "--tokens: -1 must be at least 1"),
         ("benchmarks.ema_effect", ["--bogus"], "unrecognized arguments: --bogus"),
+        ("benchmarks.ema_effect", ["--presets", "pico-bset"], "invalid choice: 'pico-bset'"),
+        ("benchmarks.bench_rp2040", ["--presets", "rp2040-speed,nope"], "unknown preset 'nope'; valid presets:"),
+        ("benchmarks.pico_tinystories", ["--presets", "nope"], "unknown preset 'nope'; valid presets:"),
         ("benchmarks.phases", ["demo", "--set", "train.max_steps"], "--set 'train.max_steps': expected SECTION.KEY"),
         # 11. silent successes
         ("rp2040.reference", [str(exported), "--text", png], "not UTF-8 at byte 0"),
