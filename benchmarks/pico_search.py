@@ -31,7 +31,7 @@ from benchmarks.pico_tinystories import PROMPT, TINYSTORIES, dataset, val_metric
 from configs.presets import MODEL_PRESETS, TRAIN_PRESETS  # noqa: E402
 from rp2040.emulate import emulate, unavailable  # noqa: E402
 from utils.ckpt.format import MARKER  # noqa: E402
-from utils.errors import CliParser, PiconeoxError, cli  # noqa: E402
+from utils.errors import CliParser, PiconeoxError, at_least, cli  # noqa: E402
 
 SHAPE = re.compile(r"^h(\d+)-l(\d+)-a(\d+)-f(\d+)-c(\d+)$")
 # rp2040-quality's shape and shapes whose int8 weights stay in RAM at vocab 1024 (model.bin under ~60 KB, so
@@ -105,14 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", default="pico-best",
                     choices=[p for p in MODEL_PRESETS if p.startswith(("rp2040", "pico"))])
     ap.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, metavar="hH-lL-aA-fF-cC")
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--steps", type=at_least(1), default=1500)
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the base preset's)")
-    ap.add_argument("--jobs", type=int, default=2, help="trainings at once, one thread each (default 2)")
-    ap.add_argument("--tokens", type=int, default=16, help="tokens generated on the emulated Pico")
+    ap.add_argument("--jobs", type=at_least(1), default=2, help="trainings at once, one thread each (default 2)")
+    ap.add_argument("--tokens", type=at_least(1), default=16, help="tokens generated on the emulated Pico")
     ap.add_argument("--out", type=Path, default=Path("/tmp/pico-search"))
     ap.add_argument("--train", type=Path, default=TINYSTORIES / "tinystories_10k.txt")
     ap.add_argument("--val", type=Path, default=TINYSTORIES / "tinystories_val.txt")
     args = ap.parse_args(argv)
+    if args.lr is not None and not args.lr > 0:
+        ap.error(f"--lr {args.lr}: must be above 0")
     print(search(args))
     return 0
 

@@ -192,6 +192,8 @@ def test_damage_and_one_line_refusals(tmp_path, tiny_data):
         ("benchmarks.ema_effect", ["--presets", "pico-bset"], "invalid choice: 'pico-bset'"),
         ("benchmarks.bench_rp2040", ["--presets", "rp2040-speed,nope"], "unknown preset 'nope'; valid presets:"),
         ("benchmarks.pico_tinystories", ["--presets", "nope"], "unknown preset 'nope'; valid presets:"),
+        ("benchmarks.pico_search", ["--jobs", "0"], "--jobs: 0 must be at least 1"),
+        ("benchmarks.pico_search", ["--lr", "-1"], "--lr -1.0: must be above 0"),
         ("benchmarks.phases", ["demo", "--set", "train.max_steps"], "--set 'train.max_steps': expected SECTION.KEY"),
         # 11. silent successes
         ("rp2040.reference", [str(exported), "--text", png], "not UTF-8 at byte 0"),
