@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs.training import ATTENTION, MATMUL_PRECISION  # noqa: E402
-from utils.errors import CliParser, PiconeoxError, cli  # noqa: E402
+from utils.errors import CliParser, PiconeoxError, at_least, cli  # noqa: E402
 
 CHAR_VOCAB = 66  # Tiny Shakespeare's 65 characters + end-of-text
 
@@ -73,17 +73,14 @@ def main(argv=None) -> int:
 
     p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--presets", default="pico-best,pico-fast,shakespeare-char", help="comma-separated preset names")
-    p.add_argument("--rounds", type=int, default=6, help="interleaved rounds over all pairs")
-    p.add_argument("--steps", type=int, default=40, help="timed steps per pair per round")
+    p.add_argument("--rounds", type=at_least(1), default=6, help="interleaved rounds over all pairs")
+    p.add_argument("--steps", type=at_least(1), default=40, help="timed steps per pair per round")
     args = p.parse_args(argv)
     presets = [name.strip() for name in args.presets.split(",") if name.strip()]
     for name in presets:
         if name not in PRESET_NAMES or name == "production":
             raise PiconeoxError(f"--presets: {name!r} is not a CPU-sized preset; allowed: "
                                 f"{', '.join(n for n in PRESET_NAMES if n != 'production')}")
-    for flag, value in (("--rounds", args.rounds), ("--steps", args.steps)):
-        if value < 1:
-            raise PiconeoxError(f"{flag}={value}: must be at least 1")
     print("| preset | attention | matmul precision | ms/step | speed-up vs sdpa + highest |")
     print("|---|---|---|---|---|")
     for name in presets:

@@ -35,8 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--firmware", type=Path)
     args = ap.parse_args(argv)
     if emulate.unavailable() and args.firmware is None:
-        print(f"error: {emulate.unavailable()}", file=sys.stderr)
-        return 2
+        raise PiconeoxError(emulate.unavailable())
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets:

@@ -31,7 +31,7 @@ from utils.data.prepare import prepare  # noqa: E402
 from utils.ckpt.format import MARKER  # noqa: E402
 from utils.generate import load_checkpoint_model  # noqa: E402
 from utils.data.shards import open_shard, read_manifest  # noqa: E402
-from utils.errors import CliParser, at_least, cli  # noqa: E402
+from utils.errors import CliParser, PiconeoxError, at_least, cli  # noqa: E402
 
 TINYSTORIES = REPO.parent / "shared" / "data" / "tinystories"
 PROMPT = "Once upon a time"
@@ -86,8 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=at_least(1), default=16, help="tokens generated on the emulated Pico")
     args = ap.parse_args(argv)
     if not (args.train.is_file() and args.val.is_file()):
-        print(f"error: {args.train} or {args.val} not found (see ../shared/data/PROVENANCE.md)", file=sys.stderr)
-        return 2
+        raise PiconeoxError(f"{args.train} or {args.val} not found (see ../shared/data/PROVENANCE.md)")
     py, rows = sys.executable, []
     for preset in args.presets:
         data = dataset(preset, args.train, args.val, args.out / "data")

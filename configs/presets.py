@@ -89,8 +89,12 @@ def preset_list(text: str) -> list[str]:
 
     names = text.split(",")
     if unknown := [n for n in names if n not in MODEL_PRESETS]:
-        raise argparse.ArgumentTypeError(f"unknown preset {unknown[0]!r}; valid presets: {', '.join(PRESET_NAMES)}")
+        raise argparse.ArgumentTypeError(_unknown_preset(unknown[0]))
     return names
+
+
+def _unknown_preset(name: str) -> str:
+    return f"unknown preset {name!r}; valid presets: {', '.join(PRESET_NAMES)}"
 
 
 def _coerce(value, annotation: str, key: str):
@@ -135,7 +139,7 @@ def _apply(obj, updates: dict):
 def resolve_config(preset: str, yaml_file: str | None = None, overrides: dict[str, object] | None = None) -> RunConfig:
     """Preset, then the YAML file (`model:` / `train:` / `run:` sections), then `section.key` overrides; validated."""
     if preset not in MODEL_PRESETS:
-        raise PiconeoxError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESET_NAMES)}")
+        raise PiconeoxError(_unknown_preset(preset))
     model, train, run = MODEL_PRESETS[preset], TRAIN_PRESETS[preset], RunSettings()
     if yaml_file:
         import yaml

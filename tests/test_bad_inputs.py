@@ -113,7 +113,7 @@ def test_python_clis_refuse_bad_values_with_one_line(tmp_path, tiny_data):
         ("benchmarks.pico_search", ["--shapes", "h24-l3-a4-f96-c64", "h20-4"], "shape 'h20-4' is not hidden-layers"),
         ("benchmarks.pico_search", ["--shapes", "h20-l4-a4-f80-c64"], "head_dim 5 gives 5 rotary dims"),
         ("benchmarks.bench_math", ["--presets", "pico-best,production"], "'production' is not a CPU-sized preset"),
-        ("benchmarks.bench_math", ["--steps", "0"], "--steps=0: must be at least 1"),
+        ("benchmarks.bench_math", ["--steps", "0"], "--steps: 0 must be at least 1"),
         ("train", ["--preflight", "--set", "train.attention=flash"], "train.attention='flash': allowed sdpa, eager"),
     ]
     results = run_cli_cases([(m, argv) for m, argv, _ in cases], tmp_path)
