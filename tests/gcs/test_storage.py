@@ -115,7 +115,7 @@ def test_dead_server_fails_within_the_deadline(monkeypatch, unused_tcp_port):
     start = time.monotonic()
     with pytest.raises(StorageError, match="list gs://some-bucket/data"):
         store.list()
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 60  # a hang bound: the client's own retry deadline is 120 s
 
 
 @pytest.fixture
@@ -200,10 +200,12 @@ def test_no_credentials_is_a_clear_error_without_network(tmp_path, monkeypatch):
     for var in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))  # no gcloud application-default login here
-    start = time.monotonic()
+    tried = []  # without network: no connection is even tried (a metadata-server probe would be one)
+    monkeypatch.setattr(socket.socket, "connect", lambda self, address: tried.append(address))
+    monkeypatch.setattr(socket.socket, "connect_ex", lambda self, address: tried.append(address))
     with pytest.raises(PiconeoxError, match="no Google Cloud credentials found.*--credentials"):
         open_storage("gs://some-bucket/data")
-    assert time.monotonic() - start < 5
+    assert tried == []
 
 
 def test_the_key_mode_warning_comes_once_not_again_in_the_launched_run(gcs_emulator, tmp_path, caplog, monkeypatch):

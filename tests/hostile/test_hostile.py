@@ -100,8 +100,9 @@ def test_a_hostile_input_is_one_line_and_stays_in_its_folder(outcomes, reads_see
 
 def test_the_suite_is_bounded(outcomes):
     """The bounds hold for the honest work too: no case near the time limit, the driver within its memory."""
-    slow = {i: round(o[1]["s"], 1) for i, o in outcomes.items() if o[1]["s"] > CASE_S / 4}
-    assert not slow, slow  # measured: 8.6 s for the slowest (the first training run imports its modules)
+    # CPU seconds, not wall-clock ones, which a busy box stretches: the work of every case is far from its limit
+    slow = {i: round(o[1]["cpu_s"], 1) for i, o in outcomes.items() if o[1]["cpu_s"] > CASE_S / 10}
+    assert not slow, slow  # measured: 8.6 s wall for the slowest (the first training run imports its modules)
     assert max(o[1]["maxrss_mb"] for o in outcomes.values()) < 1024  # measured: 523 MB for all 80 together
     assert len(CASES) >= 60
 

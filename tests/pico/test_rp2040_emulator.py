@@ -60,19 +60,16 @@ def test_missing_firmware_is_one_clear_line(speed_int8, tmp_path):
 def test_a_uf2_that_boots_nothing_stops_at_the_boot_deadline(speed_int8, tmp_path, monkeypatch):
     """A valid RP2040 UF2 without MicroPython (zeros at the flash start): the boot ROM finds no program and the
     board never answers; the boot deadline stops it instead of the wall-clock limit (deadlines made short)."""
-    import time
-
     from tests.support.rp2040_models import uf2_block
 
     blank = tmp_path / "blank.uf2"
     blank.write_bytes(uf2_block(0xE48BFF56))
     monkeypatch.setattr(emulate, "BOOT_S", 1.0)
     monkeypatch.setattr(emulate, "BOOT_WALL_S", 15.0)
-    start = time.monotonic()
+    # the boot deadline's own error: the wall-clock limit (max_wall_s) ends a run with another message
     with pytest.raises(PiconeoxError, match="did not reach the MicroPython REPL within 1 emulated seconds"):
         emulate.emulate(speed_int8, tokens=1, firmware=blank, bootrom=emulate.SHARED_PICO / emulate.BOOTROM,
                         progress=False, max_wall_s=300)
-    assert time.monotonic() - start < 60
 
 
 def test_skip_reasons_say_where_to_get_what_is_missing(monkeypatch, tmp_path):

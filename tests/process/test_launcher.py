@@ -4,12 +4,11 @@ import os
 import shlex
 import signal
 import subprocess
-import time
-from pathlib import Path
 
 import pytest
 
 from tests.support.paths import REPO
+from tests.support.waits import running, wait_for
 from tests.support.signals import hangup_as_on_a_terminal
 
 LAUNCHER = REPO / "start_training.sh"
@@ -251,7 +250,7 @@ if "--distributed" in sys.argv:
     acc.end_training()
 else:
     open(os.path.join(out, f"pid-{rank}"), "w").write(str(os.getpid()))
-    time.sleep(60)
+    time.sleep(600)  # until the test's signal: a hang bound, never the expected end
 """
 
 
@@ -301,28 +300,18 @@ def test_procs_2_really_starts_two_ranks_in_one_process_group(sandbox):
 def test_signal_reaches_the_training_processes_and_the_launcher_waits_for_their_clean_exit(sandbox, sig, procs):
     proc = start(sandbox, "--gpus", "0", "--procs", str(procs))
     pid_files = [sandbox / "out" / f"pid-{rank}" for rank in range(procs)]
-    deadline = time.time() + 60
-    while not all(f.exists() for f in pid_files) and time.time() < deadline:
-        time.sleep(0.1)
-    assert all(f.exists() for f in pid_files), (proc.stderr.read() if proc.poll() is not None
-                                                else "train.py never started")
+    def started() -> bool:
+        assert proc.poll() is None, proc.stderr.read()  # the launcher ended before train.py started
+        return all(f.exists() for f in pid_files)
+
+    wait_for("train.py to start", started, timeout=240)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)  # a generous bound: it asserts the clean exit, not its speed
     # the launcher returned only after each trainer's 1 s "save", with exit code 0 and no traceback
     assert [(sandbox / "out" / f"signal-{rank}").read_text() for rank in range(procs)] == [str(int(sig))] * procs
     assert proc.returncode == 0 and "Traceback" not in err, err
-    deadline = time.time() + 10
-    while any(running(int(f.read_text())) for f in pid_files) and time.time() < deadline:
-        time.sleep(0.1)
-    assert not any(running(int(f.read_text())) for f in pid_files)  # no orphan left behind (accelerate #929)
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie waiting for its new parent to reap it."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    # no orphan left behind (accelerate #929): an orphan sleeps on for 600 s, far past this hang bound
+    wait_for("every train.py to end", lambda: not any(running(int(f.read_text())) for f in pid_files), timeout=120)
 
 
 def test_user_mistakes_stop_at_the_preflight_with_one_line(tmp_path):

@@ -22,6 +22,7 @@ import pytest
 from tests.support.paths import REPO
 from tests.support.ranks import start_two_ranks
 from tests.support.signals import hangup_as_on_a_terminal
+from tests.support.waits import command_line, process_state, wait_for
 from utils.ckpt.format import check_complete, step_dir_name
 from utils.run import runlock
 
@@ -43,14 +44,6 @@ def launcher_env() -> dict:
 
 def alive(pid: int) -> bool:
     return runlock.start_time(pid) is not None
-
-
-def wait_for(what: str, check, timeout: float = 180):
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        assert time.monotonic() < deadline, f"{what} not within {timeout:g} s"
-        time.sleep(0.2)
-    return result
 
 
 def lock_holders(tmp_path: Path) -> list[dict]:
@@ -106,12 +99,17 @@ def test_a_live_lock_refuses_a_second_writer_and_a_dead_ones_lock_is_taken_over(
 
 RACE = "import sys, time\nfrom utils.run import runlock\ntry:\n" \
        "    runlock.hold(runlock.lock_path(sys.argv[1], 'r'), 'r', 'train.py')\n" \
-       "except runlock.RunLocked:\n    sys.exit(2)\ntime.sleep(3)\n"
+       "except runlock.RunLocked:\n    sys.exit(2)\nsys.stdin.read()\n"  # the winner holds it until stdin closes
 
 
 def test_of_eight_processes_that_take_one_lock_at_once_exactly_one_wins(tmp_path):
-    racers = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path)], cwd=REPO) for _ in range(8)]
-    codes = [p.wait(timeout=60) for p in racers]
+    racers = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path)], cwd=REPO, stdin=subprocess.PIPE)
+              for _ in range(8)]
+    # the winner holds the lock until every other racer has ended: none can find it released and take it over
+    wait_for("seven racers to end", lambda: sum(p.poll() is not None for p in racers) >= 7, timeout=240)
+    for p in racers:
+        p.stdin.close()
+    codes = [p.wait(timeout=240) for p in racers]
     assert sorted(codes) == [0] + [2] * 7
     winner = racers[codes.index(0)].pid
     assert [h["pid"] for h in lock_holders_at(tmp_path / ".locks" / "r.lock")] == [winner]
@@ -145,7 +143,7 @@ def test_a_filesystem_without_locks_gets_one_warning_line_and_the_run_goes_on(tm
     runlock.lock_path(tmp_path, "r").parent.mkdir()
     runlock._write(runlock.lock_path(tmp_path, "r"), [runlock.Holder.of(os.getpid(), "train.py")])  # a live run
     done = subprocess.run([sys.executable, "-c", NO_LOCKS, str(tmp_path), code], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=240)
     assert done.returncode == 0 and done.stdout == "refused\nheld\n", done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"warning: {tmp_path / '.locks'} has no file "
                                                                    "locks ("), done.stderr
@@ -187,12 +185,12 @@ def test_launcher_killed_the_run_saves_and_stops_and_a_restart_meanwhile_is_refu
     assert again.stderr.startswith(f"error: run r is still being written by pids {listed} on {HOST}")
 
     first.kill()  # SIGKILL: no trap runs, nothing is forwarded by the launcher
-    killed = time.monotonic()
-    while any(alive(p) for p in pids[1:]) and time.monotonic() - killed < grace + 30:
-        time.sleep(0.1)
-    log = (tmp_path / "logs" / "r" / "training.log").read_text()
-    assert time.monotonic() - killed < grace + 1, (  # within the grace
-        [p for p in pids if alive(p)], log[-2000:], (tmp_path / "first.err").read_text()[-2000:])
+    try:  # a hang bound: past the grace a rank ends itself without saving, which the log below would show
+        wait_for("the ranks to stop", lambda: not any(alive(p) for p in pids[1:]), timeout=grace * 5)
+    finally:
+        log = (tmp_path / "logs" / "r" / "training.log").read_text()
+    assert "did not finish within --grace-seconds" not in log, (  # within the grace: the save, not the deadline
+        log[-2000:], (tmp_path / "first.err").read_text()[-2000:])
     step = int(log.split("SIGTERM received: saving step ")[1].split()[0])
     assert check_complete(tmp_path / "ckpt" / "r" / step_dir_name(step)) is None
     assert "SIGTERM received; stopped cleanly" in log
@@ -287,12 +285,13 @@ def test_a_stop_whose_peer_hangs_ends_within_the_grace():
     procs = start_two_ranks(STUCK_PEER)
     try:
         assert procs[1].stdout.readline() == "stuck\n"
-        time.sleep(1)  # rank 0 is now blocked inside the all-reduce, where no Python signal handler runs
+        wait_for("rank 1 to be stopped", lambda: process_state(procs[1].pid) == "T", timeout=60)
+        # rank 0 can go no further than the all-reduce that waits for rank 1, where no Python signal handler runs
         assert procs[0].poll() is None
         procs[0].send_signal(signal.SIGTERM)
         sent = time.monotonic()
-        _, err = procs[0].communicate(timeout=30)
-        assert 3 <= time.monotonic() - sent < 15  # the grace (3 s), then the exit, on a possibly loaded box
+        _, err = procs[0].communicate(timeout=120)  # a hang bound, 40x the grace
+        assert time.monotonic() - sent >= 3  # it waited the grace (3 s) for the clean stop, then gave up
         assert procs[0].returncode == 1
         assert err.strip().splitlines()[-1] == ("error: the clean stop did not finish within --grace-seconds 3 (a peer "
                                                 "process is gone or stuck); exiting without it: the last complete "
@@ -307,9 +306,10 @@ def test_a_process_bound_to_its_launcher_gets_sigterm_when_the_launcher_is_kille
     bound = f'"{sys.executable}" "{REPO}/utils/run/lifeline.py" $$ sleep 60 & echo $!; wait'
     launcher = subprocess.Popen(["bash", "-c", bound], stdout=subprocess.PIPE, text=True)
     child = int(launcher.stdout.readline())
-    time.sleep(0.5)  # bound by now
+    # bound once lifeline.py, which binds and then execs, runs `sleep`
+    wait_for("the bound process to start", lambda: command_line(child)[:1] == ["sleep"], timeout=60, every=0.02)
     launcher.kill()
     launcher.wait()
-    wait_for("the bound process to end", lambda: not alive(child), timeout=30)
-    late = subprocess.run([sys.executable, str(REPO / "utils" / "run" / "lifeline.py"), "1", "sleep", "60"], timeout=10)
+    wait_for("the bound process to end", lambda: not alive(child), timeout=120)
+    late = subprocess.run([sys.executable, str(REPO / "utils" / "run" / "lifeline.py"), "1", "sleep", "60"], timeout=50)
     assert late.returncode == -signal.SIGTERM  # its launcher was already gone: it stops at once

@@ -23,9 +23,11 @@ def test_signal_sets_the_flag_and_handlers_come_back():
     before = signal.getsignal(signal.SIGTERM)
     with StopRequest(grace_seconds=5) as stop:
         assert not stop.requested and stop.remaining() is None
+        sent = time.monotonic()
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.requested and stop.reason == "SIGTERM received"
-        assert 4 < stop.remaining() <= 5
+        remaining = stop.remaining()
+        assert 5 - (time.monotonic() - sent) <= remaining <= 5  # the grace counts down from the signal
         with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C does not wait for the clean stop
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGTERM) is before
@@ -148,10 +150,9 @@ def test_sigterm_to_a_training_process_saves_locally_and_remotely(tmp_path, tiny
         assert time.monotonic() < deadline, "no eval at step 5 within 300 s"
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
-    sent = time.monotonic()
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    assert time.monotonic() - sent < 20  # within the grace budget
+    _, err = proc.communicate(timeout=200)  # a hang bound, 10x the grace
+    assert proc.returncode == 0, err  # within the grace budget: past it the run ends itself with exit 1
+    assert "did not finish within --grace-seconds" not in err
     text = log.read_text()
     step = int(text.split("SIGTERM received: saving step ")[1].split()[0])
     folder = step_dir_name(step)
