@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.paths import SHARED_DATA, SHARED_DATA_MISSING
-from tests.support.training import run
+from tests.support.training import LONG_RUN, run
 
 pytest_plugins = ["tests.support.gcs_servers", "tests.support.processes", "tests.support.tiers"]
 
@@ -43,6 +43,15 @@ def tiny_data(tmp_path_factory) -> Path:
                    dataset_percent=5)
 
 
+@pytest.fixture(scope="session")
+def char_data(tmp_path_factory) -> Path:
+    """The same 5% of the demo corpus with the char tokenizer: a dataset of another tokenizer, prepared once."""
+    from utils.data.prepare import prepare
+
+    return prepare(["demo"], name="demo-char-p5", out_dir=tmp_path_factory.mktemp("data"), tokenizer="char",
+                   dataset_percent=5)
+
+
 def pytest_configure(config):
     # Single-process runs save and load DCP checkpoints without a process group on purpose.
     config.addinivalue_line("filterwarnings", "ignore:torch.distributed is disabled, unavailable or uninitialized")
@@ -58,9 +67,10 @@ def wandb_offline(tmp_path_factory):
     return home
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(tmp_path_factory, tiny_data):
-    """A 10-step run: its output folder (ckpt/run/step-00000010, best/, final/ and logs)."""
+    """A 10-step run, trained once per test run: its output folder (ckpt/run/step-00000010, best/, final/ and logs).
+    Shared: a test that changes it works on a copy (shutil.copytree)."""
     from accelerate.state import AcceleratorState, GradientState
 
     out = tmp_path_factory.mktemp("trained")
@@ -68,6 +78,26 @@ def trained(tmp_path_factory, tiny_data):
                      "--sample-prompt", "")
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+    assert code == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained_long(tmp_path_factory, tiny_data):
+    """A 40-step run on one thread (LONG_RUN), trained once per test run: its output folder (ckpt/run/step-00000010
+    to step-00000040, best/, final/ and logs; val loss ~3.3, far below ln(256) = 5.5). Shared: copy it to change it."""
+    import torch
+    from accelerate.state import AcceleratorState, GradientState
+
+    out = tmp_path_factory.mktemp("trained-long")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the tests (one_thread): a resumed run's losses must match exactly
+    try:
+        code, _, _ = run(out, tiny_data, *LONG_RUN)
+    finally:
+        torch.set_num_threads(threads)
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
     assert code == 0
     return out
 

@@ -13,6 +13,7 @@ lists is a plain name inside the folder, listed in its COMPLETE marker.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -30,13 +31,11 @@ from tests.support.hostile import (
     run_driver,
     snapshot,
 )
-from tests.support.training import run as train_run
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory, tiny_data, _emulator_process):
+def outcomes(tmp_path_factory, tiny_data, trained, _emulator_process):
     """Build the base once, every case from it, run them all; {id: (case, result, before, armed, outside before)}."""
-    from accelerate.state import AcceleratorState, GradientState
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
@@ -44,11 +43,7 @@ def outcomes(tmp_path_factory, tiny_data, _emulator_process):
     from tests.support.rp2040_models import save_checkpoint
 
     root = tmp_path_factory.mktemp("hostile")
-    code, _, _ = train_run(root / "base", tiny_data, "--max-steps", "10", "--save-every", "10", "--eval-every", "10",
-                           "--sample-prompt", "")
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    assert code == 0
+    shutil.copytree(trained, root / "base")  # the session's 10-step run (its cases copy from this copy)
     export(save_checkpoint("rp2040-speed", root / "pico-ckpt")[0], root / "pico", "int8")
     host, server = _emulator_process
     server.wipe()

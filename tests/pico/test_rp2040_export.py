@@ -12,6 +12,7 @@ from rp2040.runtime.gpt import GPT
 from rp2040.runtime.modelfile import FormatError
 from rp2040.runtime.tokenizer import StreamDecoder, Tokenizer
 from rp2040.vocab_bin import Vocab
+from tests.support.cli import call_cli
 from tests.support.paths import REPO
 from utils.ckpt.format import manifest, write_marker
 from utils.data.tokenizers import build_tokenizer, save_tokenizer
@@ -28,11 +29,6 @@ def _save(model, d, kind="byte", texts=(), vocab_size=None):
     model.save_pretrained(d)
     save_tokenizer(build_tokenizer(kind, list(texts), vocab_size), d / "tokenizer.json")
     return d
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "rp2040.export", *map(str, args)], capture_output=True,
-                          text=True, cwd=REPO)
 
 
 def test_shape_comes_from_the_checkpoint_and_cpython_runtime_matches_pytorch(tmp_path):
@@ -72,23 +68,25 @@ def test_streaming_from_flash_computes_what_weights_in_ram_compute(tmp_path, dty
     flash.close()
 
 
-def test_cli_prints_sizes_and_ram_and_refuses_over_budget(tmp_path):
+def test_cli_prints_sizes_and_ram_and_refuses_over_budget(tmp_path, capfd):
     ckpt = _save(build_model(MODEL_PRESETS["rp2040-quality"]), tmp_path / "ckpt")
-    ok = _cli(ckpt, "--out", tmp_path / "q8", "--dtype", "int8")
+    ok = call_cli(capfd, "rp2040.export", ckpt, "--out", tmp_path / "q8", "--dtype", "int8")
     assert ok.returncode == 0, ok.stderr
     assert "model.bin: 73,368 bytes" in ok.stdout and "estimated RAM:" in ok.stdout
 
-    refused = _cli(ckpt, "--out", tmp_path / "q32", "--dtype", "f32", "--ram-budget-kb", "60")
+    refused = call_cli(capfd, "rp2040.export", ckpt, "--out", tmp_path / "q32", "--dtype", "f32", "--ram-budget-kb",
+                       "60")
     assert refused.returncode == 2
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "60 KB budget" in lines[0]
     assert not (tmp_path / "q32").exists() or not any((tmp_path / "q32").iterdir())
 
-    forced = _cli(ckpt, "--out", tmp_path / "q32", "--dtype", "f32", "--ram-budget-kb", "60", "--force")
+    forced = call_cli(capfd, "rp2040.export", ckpt, "--out", tmp_path / "q32", "--dtype", "f32", "--ram-budget-kb",
+                      "60", "--force")
     assert forced.returncode == 0 and "over the RAM budget" in forced.stderr
     assert sorted(p.name for p in (tmp_path / "q32").iterdir()) == ["config.json", "model.bin", "vocab.bin"]
 
-    bad = _cli(ckpt, "--out", tmp_path / "x", "--dtype", "f16")
+    bad = call_cli(capfd, "rp2040.export", ckpt, "--out", tmp_path / "x", "--dtype", "f16")
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --dtype 'f16' is not allowed; use one of f32, int8"
 
 
@@ -144,7 +142,7 @@ def test_config_json_is_what_main_py_reads(tmp_path):
     assert cfg["files"]["model.bin"] == (tmp_path / "out" / "model.bin").stat().st_size
 
 
-def test_run_cli_generates_on_the_host(tmp_path):
+def test_run_cli_generates_on_the_host(tmp_path, capfd):
     export(_save(build_model(MODEL_PRESETS["rp2040-speed"]), tmp_path / "ckpt"), tmp_path / "m")
     r = subprocess.run([sys.executable, "-m", "rp2040.run", tmp_path / "m", "--prompt", "Once upon",
                         "--max-new-tokens", "5", "--temperature", "0"], capture_output=True, text=True, cwd=REPO)
@@ -153,12 +151,10 @@ def test_run_cli_generates_on_the_host(tmp_path):
     assert "[5 tokens," in r.stdout or "tokens," in r.stdout.splitlines()[-1]  # fewer if end-of-text came
     for flag, value, allowed in [("--temperature", "nan", "a finite number >= 0"), ("--temperature", "-1", ">= 0"),
                                  ("--top-k", "-5", ">= 0"), ("--max-new-tokens", "0", ">= 1")]:
-        r = subprocess.run([sys.executable, "-m", "rp2040.run", tmp_path / "m", flag, value], capture_output=True,
-                           text=True, cwd=REPO)
+        r = call_cli(capfd, "rp2040.run", tmp_path / "m", flag, value)
         assert r.returncode == 2 and r.stdout == "", (flag, value, r.stdout)
         assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith(f"error: {flag} ") and allowed in r.stderr
-    missing = subprocess.run([sys.executable, "-m", "rp2040.run", tmp_path / "nope"], capture_output=True,
-                             text=True, cwd=REPO)
+    missing = call_cli(capfd, "rp2040.run", tmp_path / "nope")
     assert missing.returncode == 2 and missing.stderr.startswith(f"error: {tmp_path / 'nope'} is missing model.bin")
 
 

@@ -201,7 +201,7 @@ def test_eval_batches_flag_reaches_the_config(eval_batches):
         resolve_config("test", None, flags.overrides_from_args(flags.parse_args(["--eval-batches", eval_batches])))
 
 
-def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, tiny_data, capsys,
+def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, tiny_data, char_data, capsys,
                                                                      fresh_accelerate_state):
     """Items 1, 11 and 8 on one tiny run (char tokenizer): refusal instead of a silent overwrite of best/, the eval
     line's interval throughput, the venv's tensorboard and the next commands; utils.generate refuses data of
@@ -210,9 +210,8 @@ def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, 
 
     import train
     from utils import generate
-    from utils.data.prepare import prepare
 
-    data = prepare(["demo"], name="demo-char-p5", out_dir=tmp_path / "data", tokenizer="char", dataset_percent=5)
+    data = char_data
     argv = [*TINY, "--data", str(data), "--output-dir", str(tmp_path / "ckpt"), "--log-dir", str(tmp_path / "logs"),
             "--run-name", "r", "--max-steps", "4", "--eval-every", "2", "--save-every", "4"]
     assert train.main(argv) == 0
@@ -373,8 +372,8 @@ def assert_nothing_left(ckpt, logs, before, context):
     assert [p.name for p in ckpt.iterdir()] == ["r"] and [p.name for p in logs.iterdir()] == ["r"], context
 
 
-def test_refusals_after_the_checks_exit_2_and_take_back_what_they_created(tmp_path, tiny_data, finished_run, capsys,
-                                                                         monkeypatch):
+def test_refusals_after_the_checks_exit_2_and_take_back_what_they_created(tmp_path, tiny_data, char_data,
+                                                                         finished_run, capsys, monkeypatch):
     """Issue 24 items 1-2: the 11 refusals that used to exit 1 (and leave checkpoints/<run>/ and a training.log
     that then blocked the corrected command). Here in-process; the launcher passes each on as exit 2 (next test)."""
     from accelerate.state import AcceleratorState, GradientState
@@ -384,7 +383,6 @@ def test_refusals_after_the_checks_exit_2_and_take_back_what_they_created(tmp_pa
 
     ckpt, logs, common = finished_run
     step, final = ckpt / "r" / "step-00000002", ckpt / "r" / "final"
-    char_data = prepare(["demo"], name="char", out_dir=tmp_path / "data", tokenizer="char", dataset_percent=5)
     corrupt_final, corrupt_step = tmp_path / "corrupt-final", tmp_path / "corrupt-step"
     shutil.copytree(final, corrupt_final)
     shutil.copytree(step, corrupt_step)

@@ -18,16 +18,9 @@ pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_data):
-    """Our own run of 40 steps (val loss ~3.3, far below ln(256) = 5.5): its run directory."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    tmp = tmp_path_factory.mktemp("source")
-    code, _, run_dir = run(tmp, tiny_data, "--max-steps", "40", "--eval-every", "40", "--sample-prompt", "")
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    assert code == 0
-    return run_dir
+def trained(trained_long):
+    """Our own run of 40 steps (the session's, val loss ~3.3, far below ln(256) = 5.5): its run directory."""
+    return trained_long / "ckpt" / "run"
 
 
 @pytest.fixture(scope="module")

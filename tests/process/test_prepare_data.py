@@ -1,13 +1,11 @@
 """prepare_data.py end to end: inputs, document rule, selection, shards, tokenizer reuse, bad input."""
 import json
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.support.paths import REPO
+from tests.support.cli import call_cli
 from utils.data.demo_corpus import generate_stories
 from utils.data.prepare import prepare
 from utils.data.shards import read_manifest, verify_dataset
@@ -243,9 +241,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, kwargs, message):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-def test_cli_prints_one_error_line_and_exits_2(tmp_path):
-    r = subprocess.run([sys.executable, "prepare_data.py", str(tmp_path / "nope.txt"), "--name", "x",
-                        "--out-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
+def test_cli_prints_one_error_line_and_exits_2(tmp_path, capfd):
+    r = call_cli(capfd, "prepare_data", tmp_path / "nope.txt", "--name", "x", "--out-dir", tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1] == (f"error: input '{tmp_path / 'nope.txt'}' not found: give a "
                                                  "text file, a glob, a directory of .txt files, "
@@ -253,11 +250,10 @@ def test_cli_prints_one_error_line_and_exits_2(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_cli_writes_the_manifest_with_options_and_source(tmp_path):
+def test_cli_writes_the_manifest_with_options_and_source(tmp_path, capfd):
     src = write(tmp_path / "a.txt", "one\n\ntwo\n\nthree\n\nfour")
-    r = subprocess.run([sys.executable, "prepare_data.py", src, "--name", "x", "--out-dir", str(tmp_path),
-                        "--tokenizer", "bpe", "--vocab-size", "260", "--val-fraction", "0.5", "--seed", "0",
-                        "--workers", "1"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = call_cli(capfd, "prepare_data", src, "--name", "x", "--out-dir", tmp_path, "--tokenizer", "bpe",
+                 "--vocab-size", "260", "--val-fraction", "0.5", "--seed", "0", "--workers", "1")
     assert r.returncode == 0, r.stderr
     manifest = json.loads((tmp_path / "x" / "manifest.json").read_text())
     assert manifest["source"] == [src] and manifest["vocab_size"] == 260 and manifest["dtype"] == "uint16"
@@ -267,15 +263,13 @@ def test_cli_writes_the_manifest_with_options_and_source(tmp_path):
     assert "train" in r.stdout and "vocab 260" in r.stdout
 
 
-def test_cli_val_takes_several_files_and_tail_needs_no_val(tmp_path, shared_data):
+def test_cli_val_takes_several_files_and_tail_needs_no_val(tmp_path, shared_data, capfd):
     wiki = shared_data / "wikitext-2"
-    r = subprocess.run([sys.executable, "prepare_data.py", str(wiki / "test.txt"), "--val", str(wiki / "valid.txt"),
-                        str(wiki / "test.txt"), "--name", "w", "--out-dir", str(tmp_path), "--workers", "1"],
-                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = call_cli(capfd, "prepare_data", wiki / "test.txt", "--val", wiki / "valid.txt", wiki / "test.txt", "--name",
+                 "w", "--out-dir", tmp_path, "--workers", "1")
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == "error: --val file(s) are also inputs: " + str(wiki / "test.txt")
-    r = subprocess.run([sys.executable, "prepare_data.py", str(wiki / "test.txt"), "--val", str(wiki / "valid.txt"),
-                        "--name", "w", "--out-dir", str(tmp_path), "--workers", "1"],
-                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = call_cli(capfd, "prepare_data", wiki / "test.txt", "--val", wiki / "valid.txt", "--name", "w", "--out-dir",
+                 tmp_path, "--workers", "1")
     assert r.returncode == 0, r.stderr
     assert read_manifest(tmp_path / "w").options["val"] == [str(wiki / "valid.txt")]

@@ -1,4 +1,6 @@
-"""Table-driven CLI cases: many Python CLIs' `main(argv)` in one interpreter, and the one-error-line contract."""
+"""Table-driven CLI cases: many Python CLIs' `main(argv)` in one interpreter, a CLI called in the test's own
+process, and the one-error-line contract."""
+import importlib
 import json
 import os
 import subprocess
@@ -31,6 +33,17 @@ def run_cli_cases(cases, cwd):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def call_cli(capfd, module: str, *args) -> subprocess.CompletedProcess:
+    """`python <module> args` as a call of its main in this process (what the command runs, without a process start):
+    the exit code and what it wrote to the file descriptors 1 and 2, as a subprocess would give them."""
+    capfd.readouterr()
+    try:
+        code = importlib.import_module(module).main([str(a) for a in args])
+    except SystemExit as e:  # argparse's refusals
+        code = e.code
+    return subprocess.CompletedProcess(["python", "-m", module, *map(str, args)], code, *capfd.readouterr())
 
 
 def assert_one_error_line(code, err, message, context=""):

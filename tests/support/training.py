@@ -5,6 +5,9 @@ TINY = ["--config", "test", "--set", "model.num_layers=1", "--set", "model.hidde
         "model.num_heads=4", "--set", "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4",
         "--log-every", "1", "--warmup-steps", "2", "--lr", "3e-3"]
 
+# The session's trained_long run (tests/conftest.py): a test that resumes it passes the same arguments.
+LONG_RUN = ("--max-steps", "40", "--save-every", "10", "--keep-last", "4", "--eval-every", "10", "--sample-prompt", "")
+
 
 def run(tmp_path, data, *extra, name="run"):
     """Run train.py in-process (use the fresh_accelerate_state fixture); return (exit code, per-step train

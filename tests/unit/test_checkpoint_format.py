@@ -1,9 +1,11 @@
 """The sharded checkpoint format: crc32c in the marker, same-size corruption caught everywhere, consolidation,
 and RNG states that resume on a box with another number of GPUs."""
+import json
+
 import pytest
 import torch
 
-from tests.support.training import run
+from tests.support.training import LONG_RUN, run
 from utils.ckpt import state as ckpt_state
 from utils.ckpt.format import check_complete, read_marker
 from utils.ckpt.state import rng_state
@@ -19,15 +21,10 @@ def flip_a_byte(path) -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_data):
-    """A 25-step run with complete step-10, step-20 and step-25, best/ and final/, and its losses."""
-    out = tmp_path_factory.mktemp("trained")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in the tests (one_thread): the resumed losses must match exactly
-    code, straight, run_dir = run(out, tiny_data, "--max-steps", "25", "--save-every", "10", "--eval-every", "10")
-    torch.set_num_threads(threads)
-    assert code == 0
-    return out, run_dir, straight
+def trained(trained_long):
+    """The session's 40-step run (complete step-10 to step-40, best/ and final/), its run folder and its losses."""
+    history = json.loads((trained_long / "logs" / "run" / "history.json").read_text())
+    return trained_long, trained_long / "ckpt" / "run", [h["train/loss"] for h in history if "train/loss" in h]
 
 
 def test_marker_records_size_and_crc32c_of_every_file(trained):
@@ -55,7 +52,7 @@ def test_same_size_corruption_is_one_line_everywhere_and_auto_falls_back(trained
     capsys.readouterr()
 
     damaged = "does not match its crc32c (same size, different bytes)"
-    for call in (lambda: run(work, tiny_data, "--max-steps", "25", "--resume", str(run_dir / "step-00000020"))[0],
+    for call in (lambda: run(work, tiny_data, "--max-steps", "40", "--resume", str(run_dir / "step-00000020"))[0],
                  lambda: generate_main([str(run_dir / "step-00000020"), "--max-new-tokens", "2"]),
                  lambda: generate_main([str(run_dir / "best"), "--max-new-tokens", "2"]),
                  lambda: export_main([str(run_dir / "best"), "--out", str(tmp_path / "pico")]),
@@ -65,10 +62,9 @@ def test_same_size_corruption_is_one_line_everywhere_and_auto_falls_back(trained
         assert err.startswith("error: ") and damaged in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "pico").exists() and not (tmp_path / "hf").exists()
 
-    shutil.rmtree(run_dir / "final")
-    shutil.rmtree(run_dir / "step-00000025")
-    code, losses, _ = run(work, tiny_data, "--max-steps", "25", "--save-every", "10", "--eval-every", "10",
-                          "--resume", "auto")
+    for newer in ("final", "step-00000040", "step-00000030"):  # the damaged step-20 is now the newest
+        shutil.rmtree(run_dir / newer)
+    code, losses, _ = run(work, tiny_data, *LONG_RUN, "--resume", "auto")
     log = (work / "logs" / "run" / "training.log").read_text()
     skipped = [line for line in log.splitlines() if "skipping checkpoint" in line]
     assert len(skipped) == 1 and "step-00000020" in skipped[0] and damaged in skipped[0]
@@ -82,7 +78,7 @@ def test_consolidate_a_step_folder_for_from_pretrained(trained, tmp_path, capsys
     from utils.consolidate import main as consolidate_main
 
     _, run_dir, _ = trained
-    assert consolidate_main([str(run_dir / "step-00000025"), "--out", str(tmp_path / "hf")]) == 0
+    assert consolidate_main([str(run_dir / "step-00000040"), "--out", str(tmp_path / "hf")]) == 0
     assert check_complete(tmp_path / "hf", verify=True) is None
     ours = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     final = AutoModelForCausalLM.from_pretrained(run_dir / "final")  # consolidated by the run itself

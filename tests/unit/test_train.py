@@ -193,11 +193,9 @@ def test_print_plan_for_production_on_8_gpus_allocates_nothing(capsys):
     assert "1,414,647,808" in out and "524,288 tokens/step" in out and "FSDP" in out
 
 
-def test_resume_refuses_data_with_another_tokenizer(tmp_path, tiny_data, capsys):
-    from utils.data.prepare import prepare
-
+def test_resume_refuses_data_with_another_tokenizer(tmp_path, tiny_data, char_data, capsys):
     _, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "2", "--save-every", "2")
-    other = prepare(["demo"], name="demo-char-p5", out_dir=tmp_path / "data", tokenizer="char", dataset_percent=5)
+    other = char_data
     code = train.main([*TINY, "--data", str(other), "--output-dir", str(tmp_path / "ckpt"), "--log-dir",
                        str(tmp_path / "logs"), "--run-name", "run", "--max-steps", "4", "--resume",
                        str(run_dir / "step-00000002"), "--set", "model.vocab_size=256"])
