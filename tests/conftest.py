@@ -49,7 +49,7 @@ def char_data(tmp_path_factory) -> Path:
     from utils.data.prepare import prepare
 
     return prepare(["demo"], name="demo-char-p5", out_dir=tmp_path_factory.mktemp("data"), tokenizer="char",
-                   dataset_percent=5)
+                   workers=1, dataset_percent=5)
 
 
 def pytest_configure(config):

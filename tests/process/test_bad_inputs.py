@@ -379,7 +379,6 @@ def test_refusals_after_the_checks_exit_2_and_take_back_what_they_created(tmp_pa
     from accelerate.state import AcceleratorState, GradientState
 
     import train
-    from prepare_data import prepare
 
     ckpt, logs, common = finished_run
     step, final = ckpt / "r" / "step-00000002", ckpt / "r" / "final"

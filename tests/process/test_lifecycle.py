@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.paths import REPO
-from tests.support.ranks import start_two_ranks
+from tests.support.ranks import STUCK_PEER, start_two_ranks
 from tests.support.signals import hangup_as_on_a_terminal
 from tests.support.waits import command_line, process_state, wait_for
 from utils.ckpt.format import check_complete, step_dir_name
@@ -261,25 +261,6 @@ def process_states(root: int) -> list[str]:
 
 
 # --- the stop path never waits for ever ------------------------------------------------------------------
-
-STUCK_PEER = r"""
-import os, signal, sys
-import torch.distributed as dist
-from accelerate import Accelerator
-from utils.run.lifeline import GraceDeadline
-from utils.run.preemption import StopRequest, StopVote
-
-accelerator = Accelerator(cpu=True)
-stop = StopRequest(3)
-with GraceDeadline(stop), stop:
-    vote = StopVote(stop, accelerator)
-    for micro in range(10 ** 9):
-        if accelerator.process_index == 1 and micro == 5:
-            print("stuck", flush=True)
-            os.kill(os.getpid(), signal.SIGSTOP)  # a peer that hangs: rank 0 waits in the vote's all-reduce
-        vote()
-"""
-
 
 def test_a_stop_whose_peer_hangs_ends_within_the_grace():
     procs = start_two_ranks(STUCK_PEER)

@@ -47,6 +47,26 @@ def launch(tmp_path, data, procs: int, micro_batch: int, *extra, fsdp: bool = Fa
     history = json.loads((tmp_path / "logs" / "run" / "history.json").read_text())
     return [r["train/loss"] for r in history if "train/loss" in r], proc
 
+# Two ranks in a stop vote, rank 1 stops itself (SIGSTOP) after printing "stuck": a SIGTERM to rank 0 then finds it
+# inside the vote's all-reduce, and only the grace deadline (3 s) ends it (test_lifecycle, bench_stops).
+STUCK_PEER = r"""
+import os, signal, sys
+import torch.distributed as dist
+from accelerate import Accelerator
+from utils.run.lifeline import GraceDeadline
+from utils.run.preemption import StopRequest, StopVote
+
+accelerator = Accelerator(cpu=True)
+stop = StopRequest(3)
+with GraceDeadline(stop), stop:
+    vote = StopVote(stop, accelerator)
+    for micro in range(10 ** 9):
+        if accelerator.process_index == 1 and micro == 5:
+            print("stuck", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)  # a peer that hangs: rank 0 waits in the vote's all-reduce
+        vote()
+"""
+
 
 def start_two_ranks(script: str, *args: str) -> list[subprocess.Popen]:
     """`script` as two gloo ranks of one process group (rank 0 first), with piped text output."""

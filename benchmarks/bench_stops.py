@@ -1,0 +1,93 @@
+"""How soon the bounded stops end: the timing goals the tests no longer assert (a test waits for the event; a busy
+CI box stretches every wall-clock number, so the numbers live here, measured on a quiet box).
+
+    .venv/bin/python benchmarks/bench_stops.py [--rounds 3]
+
+1. A GCS call to a dead server with --storage timeout 1.5 s: the error after (goal) <= 2x that deadline.
+2. No Google Cloud credentials: the one-line error (goal) within 1 s, with no connection tried.
+3. A clean stop whose peer hangs inside the all-reduce (--grace-seconds 3): rank 0 exits (goal) within the grace
+   plus 2 s.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("NO_GCE_CHECK", "true")  # never probe a cloud metadata server
+os.environ.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.support.ranks import STUCK_PEER, start_two_ranks  # noqa: E402
+from tests.support.waits import process_state, wait_for  # noqa: E402
+from utils.errors import CliParser, PiconeoxError, at_least, cli  # noqa: E402
+from utils.storage import open_storage  # noqa: E402
+from utils.storage.base import StorageError  # noqa: E402
+
+DEAD_SERVER_TIMEOUT_S, GRACE_S = 1.5, 3.0
+
+
+def dead_server() -> float:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
+    store = open_storage("gs://some-bucket/data", timeout_s=DEAD_SERVER_TIMEOUT_S)
+    start = time.monotonic()
+    try:
+        store.list()
+    except StorageError:
+        return time.monotonic() - start
+    raise SystemExit("a dead server answered")
+
+
+def no_credentials() -> float:
+    os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    os.environ.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    with tempfile.TemporaryDirectory() as empty:
+        os.environ["CLOUDSDK_CONFIG"] = empty
+        start = time.monotonic()
+        try:
+            open_storage("gs://some-bucket/data")
+        except PiconeoxError:
+            return time.monotonic() - start
+    raise SystemExit("found credentials: run it where there are none")
+
+
+def stuck_peer() -> float:
+    procs = start_two_ranks(STUCK_PEER)
+    try:
+        assert procs[1].stdout.readline() == "stuck\n"
+        wait_for("rank 1 to be stopped", lambda: process_state(procs[1].pid) == "T", timeout=120)
+        procs[0].send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        procs[0].communicate(timeout=120)
+        return time.monotonic() - start
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@cli
+def main(argv=None) -> None:
+    ap = CliParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=at_least(1), default=3)
+    args = ap.parse_args(argv)
+    rows = [("dead GCS server (timeout 1.5 s)", dead_server, 2 * DEAD_SERVER_TIMEOUT_S),
+            ("no credentials", no_credentials, 1.0),
+            ("stop with a hung peer (grace 3 s)", stuck_peer, GRACE_S + 2)]
+    print(f"{'case':36} {'median s':>9} {'max s':>7} {'goal s':>7}")
+    for name, measure, goal in rows:
+        times = [measure() for _ in range(args.rounds)]
+        verdict = "ok" if max(times) <= goal else "OVER"
+        print(f"{name:36} {statistics.median(times):9.2f} {max(times):7.2f} {goal:7.1f}  {verdict}")
+
+
+if __name__ == "__main__":
+    main()
