@@ -112,6 +112,6 @@ def test_an_emulator_failure_is_its_reason_in_one_line(tmp_path):
     (tmp_path / "fw.bin").write_bytes(bytes(256))
     (tmp_path / "rom.bin").write_bytes(bytes(16384))
     proc = subprocess.run(["node", str(RUNNER)], input=__import__("json").dumps(job), capture_output=True, text=True,
-                          cwd=RUNNER.parent, timeout=60)
+                          cwd=RUNNER.parent, timeout=240)
     assert proc.returncode != 0 and len(proc.stderr.splitlines()) > 3, proc.stderr  # a stack, as node prints it
     assert node_error(proc.stderr).startswith("Error: ENOENT: no such file or directory"), proc.stderr

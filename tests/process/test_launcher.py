@@ -19,7 +19,7 @@ def dry_run(*args: str, fake_gpus: int | None = None) -> subprocess.CompletedPro
     if fake_gpus is not None:
         env["PICONEOX_FAKE_GPUS"] = str(fake_gpus)
     return subprocess.run(["bash", str(LAUNCHER), "--dry-run", *args], capture_output=True, text=True, env=env,
-                          timeout=30)
+                          timeout=120)
 
 
 def parse_line(line: str):
@@ -94,12 +94,12 @@ def test_gpus_asked_but_torch_sees_none_is_an_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PICONEOX_FAKE_GPUS"}
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     result = subprocess.run(["bash", str(LAUNCHER), "--dry-run", "--config", "small", "--gpus", "2"],
-                            capture_output=True, text=True, env=env, timeout=60)
+                            capture_output=True, text=True, env=env, timeout=240)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == ("error: --gpus 2 asked but nvidia-smi lists 2 GPU(s) but torch sees none: install the "
                              "CUDA build of torch (README: GPU machines); use --gpus 0 to train on the CPU\n")
     default = subprocess.run(["bash", str(LAUNCHER), "--dry-run", "--config", "small"], capture_output=True, text=True,
-                             env=env, timeout=60)
+                             env=env, timeout=240)
     assert default.returncode == 0 and parse_line(default.stdout.strip())[1].cpu  # no --gpus: what torch sees
 
 
