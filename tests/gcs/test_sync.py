@@ -104,7 +104,7 @@ def test_names_escaping_dest_are_refused_end_to_end(gcs_emulator, tmp_path):
     assert not outside.exists() and files_under(tmp_path / "dest") == {"ok.txt": b"fine"}
 
 
-def test_server_killed_mid_download_leaves_no_file_and_rerun_completes(shared_data, tmp_path, monkeypatch):
+def test_server_killed_mid_download_leaves_no_file_and_rerun_completes(shared_data, tmp_path, monkeypatch, fake_gcs):
     big = b"".join(p.read_bytes() for p in sorted(shared_data.rglob("*.txt")))  # ~5.7 MB of real text
     first = start_fake_gcs()
     try:
@@ -119,14 +119,11 @@ def test_server_killed_mid_download_leaves_no_file_and_rerun_completes(shared_da
     finally:
         first.stop()
 
-    second = start_fake_gcs()
-    try:
-        use_server(second.url, monkeypatch, "kill-test").put("data/big.txt", big)
-        summary = download_tree(open_storage("gs://kill-test/data", timeout_s=5), tmp_path / "dest", progress=False)
-        assert (summary.downloaded, summary.failed) == (1, 0)
-        assert (tmp_path / "dest" / "big.txt").read_bytes() == big
-    finally:
-        second.stop()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", fake_gcs.host)  # the rerun, on the session's live server
+    fake_gcs.put("data/big.txt", big)
+    summary = download_tree(open_storage(fake_gcs.url("data"), timeout_s=5), tmp_path / "dest", progress=False)
+    assert (summary.downloaded, summary.failed) == (1, 0)
+    assert (tmp_path / "dest" / "big.txt").read_bytes() == big
 
 
 def make_dataset(root: Path, text_tree: dict[str, bytes]) -> dict[str, bytes]:
