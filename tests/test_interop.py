@@ -15,7 +15,7 @@ from utils.ckpt.format import check_complete, manifest, step_dir_name, write_mar
 from utils.ckpt.state import Snapshot, rng_state
 from utils.ckpt.write import publish_final, write_shards, write_weights
 from utils.data.demo_corpus import generate_stories
-from utils.data.tokenizers import EOT, _byte_to_unicode, build_tokenizer
+from utils.data.tokenizers import EOT, byte_to_unicode, build_tokenizer
 
 # char: non-default theta and rotary fraction, so a consumer's defaults would show; byte: tied; bpe: padded vocab
 SHAPES = {"char": dict(rotary_pct=0.5, rotary_base=500.0), "byte": dict(tie_word_embeddings=True),
@@ -126,12 +126,12 @@ def test_gguf_metadata_and_tokens_match_the_checkpoint(run, tmp_path):
     texts = meta["tokenizer.ggml.tokens"]
     assert len(texts) == cfg.vocab_size and texts[eot] == EOT and meta["tokenizer.ggml.merges"]
     # llama.cpp decodes a token's text byte-level: every id must give the bytes our tokenizer gives it
-    to_byte = {c: b for b, c in _byte_to_unicode().items()}
+    to_byte = {c: b for b, c in byte_to_unicode().items()}
     for i, ours in enumerate(tok.convert_ids_to_tokens(list(range(len(tok))))):
         want = ours.encode("utf-8") if kind == "char" else bytes(to_byte[c] for c in ours)
         assert i == eot or bytes(to_byte[c] for c in texts[i]) == want, (kind, i, texts[i])
     if kind == "char":  # multi-byte characters are reached by merges of their bytes
-        table = _byte_to_unicode()
+        table = byte_to_unicode()
         assert " ".join([table[0xC3], table[0xA9]]) in meta["tokenizer.ggml.merges"]  # é
 
 
