@@ -243,10 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(__file__).resolve().parents[2]
     if args.write:
         write_map(root)
-    from tests.support.house_links import link_breaks
+    from tests.support.house_links import link_breaks, path_breaks
 
     breaks = (missing_rows(root) + import_breaks(root) + size_breaks(root) + test_import_breaks(root)
-              + map_breaks(root) + link_breaks(root))
+              + map_breaks(root) + link_breaks(root) + path_breaks(root))
     print("\n".join(breaks) or "the house rules hold")
     return 1 if breaks else 0
 

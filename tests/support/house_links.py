@@ -1,5 +1,6 @@
 """Every relative link in the project's pages resolves: the file or folder exists, and a `#anchor` names a heading
-of the page it points to (GitHub's heading ids)."""
+of the page it points to (GitHub's heading ids). Every repository path a page names in its text (`tests/...py`,
+`utils/...`, commands in code blocks too) exists, so a moved file cannot leave a page pointing at nothing."""
 from __future__ import annotations
 
 import re
@@ -7,6 +8,10 @@ from pathlib import Path
 
 PAGES = ("README.md", "docs/*.md", "benchmarks/README.md", "rp2040/FORMAT.md", "credentials/README.md")
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+# A path from the repository's root in a page's text: a file of the project's kinds under one of its folders (not
+# credentials/, whose key files are examples; not a `<placeholder>` or a glob).
+NAMED_PATH = re.compile(r"(?<![\w/.<*-])((?:tests|utils|benchmarks|rp2040|configs|docs)/[\w./-]*\w"
+                        r"\.(?:py|md|sh|yaml|txt))\b")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 
 
@@ -47,4 +52,14 @@ def link_breaks(root: Path) -> list[str]:
                 breaks.append(f"{name}: link {target}: no such file or folder")
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text(encoding="utf-8")):
                 breaks.append(f"{name}: link {target}: no heading #{anchor} in {dest.name}")
+    return breaks
+
+
+def path_breaks(root: Path) -> list[str]:
+    """Repository paths named in the pages' text (outside HTML comments) that do not exist."""
+    breaks = []
+    for page in pages(root):
+        text = re.sub(r"<!--.*?-->", "", page.read_text(encoding="utf-8"), flags=re.S)
+        breaks += [f"{page.relative_to(root).as_posix()}: names {path}: no such file"
+                   for path in sorted(set(NAMED_PATH.findall(text))) if not (root / path).exists()]
     return breaks

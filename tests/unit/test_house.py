@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import house
-from tests.support.house_links import link_breaks
+from tests.support.house_links import link_breaks, path_breaks
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,6 +35,10 @@ def test_the_map_in_the_docs_is_the_one_generated_from_the_rules():
 
 def test_every_relative_link_of_the_pages_resolves():
     assert link_breaks(REPO) == []
+
+
+def test_every_path_the_pages_name_exists():
+    assert path_breaks(REPO) == []
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +141,13 @@ def test_a_broken_link_fails(tmp_path):
                                             "```\n[in a block](not-a-link.md)\n```\n")
     assert link_breaks(tmp_path) == ["docs/a.md: link nowhere.md: no such file or folder",
                                      "docs/a.md: link ../README.md#no-such: no heading #no-such in README.md"]
+
+
+def test_a_page_naming_a_moved_file_fails(tmp_path):
+    (tmp_path / "tests" / "unit").mkdir(parents=True)
+    (tmp_path / "tests" / "unit" / "test_here.py").write_text("")
+    (tmp_path / "README.md").write_text("Tested by `tests/unit/test_here.py` and tests/test_gone.py; see\n"
+                                        "`checkpoints/<run>/step-N/`, `tests/**/test_*.py`, credentials/key.json.\n"
+                                        "<!-- tests/test_planned.py -->\n```bash\nbash benchmarks/gone.sh\n```\n")
+    assert path_breaks(tmp_path) == ["README.md: names benchmarks/gone.sh: no such file",
+                                     "README.md: names tests/test_gone.py: no such file"]
