@@ -182,8 +182,16 @@ def size_breaks(root: Path, rules: dict | None = None) -> list[str]:
     return breaks
 
 
+def _plugins(source: str) -> list[tuple[int, str]]:
+    """The modules a conftest loads by name: `pytest_plugins = [...]`."""
+    return [(node.lineno, item.value) for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "pytest_plugins" for t in node.targets)
+            for item in ast.walk(node.value) if isinstance(item, ast.Constant) and isinstance(item.value, str)]
+
+
 def test_import_breaks(root: Path) -> list[str]:
-    """Test modules (tests/**/test_*.py, conftest.py) and benchmarks import from `tests` only `tests.support`."""
+    """Test modules (tests/**/test_*.py, conftest.py) and benchmarks import from `tests` only `tests.support`
+    (also the plugins a conftest names)."""
     index = _module_index(root)
     paths = [p.relative_to(root).as_posix() for p in _py_files(root / "tests")
              if p.name.startswith("test_") or p.name == "conftest.py"] if (root / "tests").is_dir() else []
@@ -191,7 +199,8 @@ def test_import_breaks(root: Path) -> list[str]:
         if (root / "benchmarks").is_dir() else []
     breaks = []
     for path in paths:
-        for line, name in imported_names((root / path).read_text(encoding="utf-8"), path, index):
+        source = (root / path).read_text(encoding="utf-8")
+        for line, name in imported_names(source, path, index) + _plugins(source):
             target = _target(name, index)
             if target and target.startswith("tests/") and not target.startswith("tests/support/") \
                     and target != "tests/__init__.py":

@@ -117,10 +117,12 @@ def test_a_test_importing_a_test_module_fails(copy):
     (copy / "tests" / "support" / "paths.py").write_text("REPO = None\n")
     (copy / "tests" / "unit" / "test_a.py").write_text("from tests.support.paths import REPO  # fine\n")
     (copy / "tests" / "unit" / "test_b.py").write_text("def test_b():\n    from .test_a import REPO\n")
-    (copy / "tests" / "conftest.py").write_text("from tests.unit import test_a  # noqa\n")
+    (copy / "tests" / "conftest.py").write_text("from tests.unit import test_a  # noqa\n"
+                                                "pytest_plugins = ['tests.support.paths', 'tests.unit.test_b']\n")
     (copy / "benchmarks" / "bench_x.py").write_text("from tests.support import paths\nimport tests.unit.test_a\n")
     assert [b.split(":")[0:2] for b in house.test_import_breaks(copy)] == [
-        ["benchmarks/bench_x.py", "2"], ["tests/conftest.py", "1"], ["tests/unit/test_b.py", "2"]]
+        ["benchmarks/bench_x.py", "2"], ["tests/conftest.py", "1"], ["tests/conftest.py", "2"],
+        ["tests/unit/test_b.py", "2"]]
 
 
 def test_a_stale_map_and_a_broken_link_fail(copy):
