@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,19 @@ def failed_code(exc: BaseException) -> int:
     failures = getattr(exc, "failures", None)  # torchrun's ChildFailedError: {rank: ProcessFailure}
     if failures:
         return next(iter(failures.values())).exitcode or 1
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    if isinstance(exc, SignalException):  # a stop signal to the whole group: the agent waited for the workers' save
+        return 0
     raise exc
+
+
+def _stop_and_wait(signum, frame) -> None:
+    """SIGTERM (Slurm's scancel or a preemption signals the whole group; lifeline.py when start_training.sh died):
+    pass it on once to the process group, the training processes included, and wait for their clean stop instead
+    of dying before them."""
+    signal.signal(signal.SIGTERM, lambda *_: None)  # our own copy of the signal, and any later one
+    os.killpg(0, signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     # torchrun's agent logs every worker's exit as an error and SIGTERMs the rest with warnings; the worker's own
     # line (or its traceback, for a crash) says what happened
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    if (args.num_processes or 1) > 1:  # torchrun's loggers set their own level at import: import them first
+        import torch.distributed.run  # noqa: F401
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    if os.getpgrp() == os.getpid():  # start_training.sh's job: the group is ours and the training processes'
+        signal.signal(signal.SIGTERM, _stop_and_wait)  # torch elastic's agent replaces it with its own (caught above)
     with tempfile.TemporaryDirectory(prefix="piconeox-status-") as folder:
         os.environ[errors.STATUS_DIR_ENV] = folder
         try:
