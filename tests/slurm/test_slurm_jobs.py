@@ -3,8 +3,10 @@ that find their machines themselves, stop cleanly on scancel and resume from the
 
 Both nodes run on this host and share one working folder (data/, checkpoints/, logs/), as cluster nodes share NFS.
 """
+import contextlib
 import json
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -119,3 +121,31 @@ def test_contradicting_num_machines_refused_before_start(slurm, work):
                       "2"] * 2, log
     assert "training process" not in log
     assert not (work / "logs" / "bad").exists() and not (work / "bucket" / "bad").exists()
+
+
+def job_processes(job: int, node: int | None = None) -> list[int]:
+    """Pids of the job's step processes (the launcher and everything under it), by the environment Slurm gave them."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            env = dict(v.split("=", 1) for v in environ.read_bytes().decode(errors="replace").split("\0") if "=" in v)
+        except OSError:
+            continue
+        if env.get("SLURM_JOB_ID") == str(job) and "SLURM_STEP_ID" in env and env.get("SLURMD_NODENAME") and (
+                node is None or env.get("SLURM_NODEID") == str(node)):
+            found.append(int(environ.parent.name))
+    return found
+
+
+def test_a_node_killed_ends_the_other_and_the_job_fails(slurm, work):
+    """kill -9 of every process of node 1: node 0 ends soon after (not at its collective timeout) and the job FAILED."""
+    job = submit(slurm, work, "killed", "--max-steps", "1000", "--save-every", "2", "--step-timeout-minutes", "0.5")
+    wait_for(lambda: complete_steps(work, "killed"), "the first checkpoint")
+    for pid in wait_for(lambda: job_processes(job, node=1), "node 1's processes"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    started = time.monotonic()
+    assert slurm.wait_state(job, {"FAILED"}, JOB) == "FAILED", outputs(work, job)
+    assert time.monotonic() - started < 90, outputs(work, job)  # srun's --kill-on-bad-exit; the step timeout is 30 s
+    wait_for(lambda: not job_processes(job), "every process of the job to end", timeout=60)
+    assert complete_steps(work, "killed")  # the checkpoints made before stay complete

@@ -69,8 +69,8 @@ def test_slurm_wins_over_variables_its_users_export():
 def test_torch_operator_variables(env, rank):
     assert merge(detect(env), **NONE) == dict(machines=4, rank=rank, ip="job-master-0", port=23456, gpus=None)
     assert merge(detect(env), **{**NONE, "machines": 4, "rank": rank, "gpus": 8})["gpus"] == 8
-    with pytest.raises(PiconeoxError, match=f"--main-process-port 29500 contradicts the Kubernetes allocation "
-                                            f"\\(23456\\)"):
+    with pytest.raises(PiconeoxError, match="--main-process-port 29500 contradicts the Kubernetes allocation "
+                                            "\\(23456\\)"):
         merge(detect(env), **{**NONE, "port": 29500})
     with pytest.raises(PiconeoxError, match="--machine-rank 0 contradicts"):
         merge(detect(env), **{**NONE, "rank": 0})

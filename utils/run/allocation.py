@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from utils.errors import PiconeoxError, cli
 
+BATCH_STEP = "4294967294"  # Slurm's id of the batch script's step (SLURM_BATCH_SCRIPT), where it sets one
 PORT_BASE, PORT_SPAN = 10000, 20000  # below Linux's ephemeral range (32768+), where outgoing connections live
 
 
@@ -87,7 +88,7 @@ def from_slurm(env: Mapping[str, str], first_address: Callable[[str], str] = sco
     job = _int(env, "SLURM_JOB_ID")
     job_nodes = _first(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
     nodes = job_nodes[1] if job_nodes else 1
-    if "SLURM_STEP_ID" not in env:  # the batch script (or an salloc shell) runs on the first node only
+    if env.get("SLURM_STEP_ID", BATCH_STEP) == BATCH_STEP:  # the batch script (or an salloc shell): the first node
         if nodes > 1:
             raise PiconeoxError(f"Slurm job {job} has {nodes} nodes but start_training.sh runs outside a job step (on "
                                 "one node): start it with `srun --ntasks-per-node=1` (configs/slurm/train.sbatch does)")
