@@ -20,7 +20,7 @@ SBATCH = REPO / "configs" / "slurm" / "train.sbatch"
 TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set", "model.num_heads=4", "--set",
         "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4", "--log-every", "1", "--warmup-steps",
         "2", "--lr", "3e-3", "--eval-every", "1000", "--eval-batches", "1", "--keep-last", "100", "--dataset-percent",
-        "5", "--grace-seconds", "60"]
+        "5", "--grace-seconds", "45"]  # below the test cluster's KillWait (60 s)
 JOB = 300  # s: bounds that only catch a hang (a job here takes well under a minute on an idle 2-core box)
 
 
@@ -70,16 +70,16 @@ def finished(slurm, work: Path, job: int, state: str = "COMPLETED") -> dict:
 def test_two_nodes_train_stop_on_scancel_and_resume(slurm, work):
     """sbatch -N 2: one complete checkpoint per save; scancel mid-run saves a newer one on both nodes and exits 0;
     the same line again with --resume auto reaches the uninterrupted run's losses."""
-    ref = submit(slurm, work, "ref", "--max-steps", "30", "--save-every", "5")
+    ref = submit(slurm, work, "ref", "--max-steps", "20", "--save-every", "4")
     info = finished(slurm, work, ref)
     assert info["NodeList"] == "n[1-2]" and info["ExitCode"] == "0:0"
-    assert complete_steps(work, "ref") == [5, 10, 15, 20, 25, 30]
+    assert complete_steps(work, "ref") == [4, 8, 12, 16, 20]
     log = outputs(work, ref)
-    assert "2 process(es)" in log and "stopped at step 30: max steps reached" in log, log
+    assert "2 process(es)" in log and "stopped at step 20: max steps reached" in log, log
     want = losses(work, "ref")
-    assert sorted(want) == list(range(1, 31))
+    assert sorted(want) == list(range(1, 21))
 
-    line = ("--max-steps", "30", "--save-every", "5", "--resume", "auto")
+    line = ("--max-steps", "20", "--save-every", "4", "--resume", "auto")
     cut = submit(slurm, work, "cut", *line)
     wait_for(lambda: complete_steps(work, "cut"), "the first checkpoint of the run to cancel")
     before = complete_steps(work, "cut")
@@ -91,14 +91,14 @@ def test_two_nodes_train_stop_on_scancel_and_resume(slurm, work):
     assert f"{signal.SIGTERM.name} received" in log or "asked to stop" in log, log
     assert not [line for line in log.splitlines() if line.startswith("error:")], log  # ours; Slurm's say CANCELLED
     stopped = after[-1]
-    assert stopped < 30, "the cancel came too late to cut the run short"
+    assert stopped < 20, "the cancel came too late to cut the run short"
 
     again = submit(slurm, work, "cut", *line)
     finished(slurm, work, again)
     assert f"at step {stopped} (" in outputs(work, again), outputs(work, again)  # resumed from the stop's save
-    assert complete_steps(work, "cut")[-1] == 30
+    assert complete_steps(work, "cut")[-1] == 20
     got = losses(work, "cut")
-    for step in range(stopped + 1, 31):
+    for step in range(stopped + 1, 21):
         assert math.isclose(got[step], want[step], rel_tol=1e-5), (step, got[step], want[step])
 
 
