@@ -31,10 +31,8 @@ def failed_code(exc: BaseException) -> int:
     failures = getattr(exc, "failures", None)  # torchrun's ChildFailedError: {rank: ProcessFailure}
     if failures:
         return next(iter(failures.values())).exitcode or 1
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    if isinstance(exc, SignalException):  # a stop signal to the whole group: the agent waited for the workers' save
-        return 0
+    if isinstance(getattr(exc, "sigval", None), signal.Signals):  # torch elastic's SignalException: a stop signal
+        return 0  # to the whole group, and its agent waited for the workers' clean stop
     raise exc
 
 
@@ -53,12 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.error = lambda message: parser.exit(2, f"error: {message} (see accelerate launch --help)\n")  # one line
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     # torchrun's agent logs every worker's exit as an error and SIGTERMs the rest with warnings; the worker's own
-    # line (or its traceback, for a crash) says what happened
-    if (args.num_processes or 1) > 1:  # torchrun's loggers set their own level at import: import them first
-        import torch.distributed.run  # noqa: F401
-    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
-        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
+    # line (or its traceback, for a crash) says what happened. Each of its loggers sets its own level when imported,
+    # so their records stop at the parents instead (a handler there keeps logging's last-resort printer away).
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        logging.getLogger(name).addHandler(logging.NullHandler())
+        logging.getLogger(name).propagate = False
     if os.getpgrp() == os.getpid():  # start_training.sh's job: the group is ours and the training processes'
         signal.signal(signal.SIGTERM, _stop_and_wait)  # torch elastic's agent replaces it with its own (caught above)
     with tempfile.TemporaryDirectory(prefix="piconeox-status-") as folder:
