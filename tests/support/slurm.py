@@ -94,7 +94,7 @@ class SlurmCluster:
     def __init__(self, root: Path):
         self.root = root
         self.env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
-        self.pids: list[int] = []
+        self._procs: list[subprocess.Popen] = []
 
     @classmethod
     def start(cls, root: Path, timeout: float = 60) -> SlurmCluster:
@@ -134,13 +134,12 @@ class SlurmCluster:
         log = open(self.root / f"{name}.out", "ab")
         proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        self.pids.append(proc.pid)
-        self._procs = getattr(self, "_procs", []) + [proc]
+        self._procs.append(proc)
 
     def _wait(self, ready, timeout: float, what: str) -> None:
         end = time.monotonic() + timeout
         while not ready():
-            for proc in getattr(self, "_procs", []):
+            for proc in self._procs:
                 if proc.poll() is not None:
                     raise RuntimeError(f"{proc.args[0]} exited {proc.returncode} while waiting for {what}: "
                                        f"{self.logs()}")
@@ -188,10 +187,10 @@ class SlurmCluster:
         """Cancel every job, end every daemon this cluster started (SIGTERM, then SIGKILL), and wait for them."""
         if os.path.exists(self.root / "slurm.conf"):
             subprocess.run(["scancel", "--user", "root", "--full"], env=self.env, capture_output=True, timeout=30)
-        for proc in reversed(getattr(self, "_procs", [])):
+        for proc in reversed(self._procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
-        for proc in reversed(getattr(self, "_procs", [])):
+        for proc in reversed(self._procs):
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
