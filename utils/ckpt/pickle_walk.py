@@ -97,10 +97,10 @@ class Cost:
         if used[node]:
             raise TooCostly("an object is changed after it was put inside another (or contains itself)")
         if total > MAX_PICKLE_NODES:
-            raise TooCostly(f"an object unfolds into more than {MAX_PICKLE_NODES:,} objects (each shared reference "
+            raise TooCostly(f"its objects unfold into more than {MAX_PICKLE_NODES:,} (each shared reference "
                             "counted again)")
         if deepest > MAX_PICKLE_DEPTH:
-            raise TooCostly(f"objects nest more than {MAX_PICKLE_DEPTH} deep")
+            raise TooCostly(f"its objects are nested more than {MAX_PICKLE_DEPTH} deep")
         size[node], depth[node] = total, deepest
 
     def add_entries(self, node: int, count: int) -> None:
