@@ -90,3 +90,44 @@ def test_an_index_that_does_not_tile_or_match_is_one_line(step, tmp_path, capsys
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.splitlines()) == 1 and words in err, err
     assert not (tmp_path / "hf").exists()
+
+
+def synthetic(folder, size, chunks, offset=0, length=10):
+    """A one-tensor index (`model.w`, float32 of `size`, `chunks` as (offsets, sizes)) over a 100-byte shard."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex,
+                                                       TensorProperties, TensorStorageMetadata)
+
+    folder.mkdir(exist_ok=True)
+    (folder / "__0_0.distcp").write_bytes(bytes(100))
+    entry = TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size(size),
+                                  [ChunkStorageMetadata(torch.Size(o), torch.Size(s)) for o, s in chunks])
+    info = _StorageInfo("__0_0.distcp", offset, length)
+    meta = Metadata({"model.w": entry}, storage_data={MetadataIndex("model.w", torch.Size([0] * len(size))): info})
+    (folder / DCP_INDEX).write_bytes(pickle.dumps(meta))
+    return folder
+
+
+@pytest.mark.parametrize("size,chunks,offset,length,words", [
+    ([2], [([0], [2])], 0, 10 ** 5000, "an integer of 16,610 bits"),  # was a ValueError traceback printing it
+    ([2], [([0], [2])], -10 ** 5000, 10, "an integer of 16,610 bits"),
+    ([1 << 32, 1 << 32], [([0, 0], [1 << 32, 1 << 32])], 0, 10, "73,786,976,294,838,206,464 bytes"),  # numel wraps
+    ([4, 4], [([0, 0], [2, 2]), ([0, 2], [2, 2]), ([2, 0], [2, 2]), ([2, 2], [2, 2])], 0, 10, "slabs along one"),
+    ([3, 4], [([0, 0], [2, 4]), ([2, 0], [2, 4])], 0, 10, "inside it"),
+    ([], [([], []), ([], [])], 0, 10, "overlap"),
+], ids=["huge length", "huge offset", "numel past 2**64", "a grid", "a chunk past the end", "a scalar twice"])
+def test_index_numbers_are_checked_and_shown_in_one_line(tmp_path, size, chunks, offset, length, words):
+    from utils.ckpt.load import read_weights
+    from utils.errors import PiconeoxError
+
+    with pytest.raises(PiconeoxError, match=words):
+        read_weights(synthetic(tmp_path / "step", size, chunks, offset, length))
+
+
+def test_uneven_shards_and_other_slabs_tile(tmp_path):
+    from utils.ckpt.index_check import index_problem
+
+    for size, chunks in (([3, 4], [([0, 0], [1, 4]), ([1, 0], [2, 4]), ([3, 0], [0, 4])]),  # an empty last shard
+                         ([4, 4], [([0, 2], [4, 2]), ([0, 0], [4, 2])]), ([], [([], [])]), ([0, 3], [])):
+        synthetic(tmp_path / "step", size, chunks)
+        assert index_problem(pickle.loads((tmp_path / "step" / DCP_INDEX).read_bytes())) is None, (size, chunks)

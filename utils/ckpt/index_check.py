@@ -3,6 +3,7 @@ puts there (tensors with a dtype and a shape whose chunks tile it exactly, and v
 files of its folder that its COMPLETE marker lists, every slice inside its file."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -41,9 +42,9 @@ def tiling_problem(size: torch.Size, chunks: list) -> str | None:
     """Why `chunks` (inside `size`) do not cover a tensor of `size` exactly, or None. DCP writes one chunk per
     rank holding a slab: whole along every dimension but one (FSDP2 and HSDP shard dimension 0), the slabs one
     after the other along it. An element no chunk covers would be loaded as whatever memory held before."""
-    if size.numel() == 0:
+    if math.prod(size) == 0:  # exact: torch's numel() wraps around past 2**63
         return None
-    pieces = [c for c in chunks if torch.Size(c.sizes).numel()]  # an empty shard (uneven sharding) holds nothing
+    pieces = [c for c in chunks if math.prod(c.sizes)]  # an empty shard (uneven sharding) holds nothing
     cut = [d for d in range(len(size)) if any(c.sizes[d] != size[d] for c in pieces)]
     if len(cut) > 1:
         return f"its chunks are cut along dimensions {cut}; piconeox writes slabs along one"
@@ -81,5 +82,11 @@ def check_storage(folder: Path, metadata, path) -> None:
             sizes[name] = file.stat().st_size if file.is_file() else -1
         if not (type(offset) is type(length) is int and 0 <= offset and 0 <= length
                 and offset + length <= sizes[name]):
-            raise PiconeoxError(f"{path}: not a readable checkpoint index: it reads {length!r} bytes at {offset!r} "
-                                f"of {name}, which has {max(sizes[name], 0)} bytes")
+            raise PiconeoxError(f"{path}: not a readable checkpoint index: it reads {shown(length)} bytes at "
+                                f"{shown(offset)} of {name}, which has {max(sizes[name], 0)} bytes")
+
+
+def shown(value) -> str:
+    """`value` for an error line: an integer too long to print (Python refuses 4,300+ digits) by its size."""
+    return f"an integer of {value.bit_length():,} bits" if type(value) is int and value.bit_length() > 64 else \
+        repr(value)[:100]

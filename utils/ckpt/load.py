@@ -3,6 +3,7 @@ checkpoint's model for inference (in one process, without a process group: only 
 Loading never runs code from a checkpoint: every pickle in it is read through an allowlist (safe_load)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -124,7 +125,7 @@ def read_weights(folder: Path, part: str = "model") -> dict[str, torch.Tensor]:
             held = (list(entries[odd].size), entries[odd].properties.dtype) if odd in entries else "nothing"
             raise PiconeoxError(f"{folder}/{DCP_INDEX}: its {part} weights hold {held} for {odd[:100]!r}, the model "
                                 f"{list(model[odd]) if odd in model else 'nothing'}")
-    claimed = sum(m.size.numel() * m.properties.dtype.itemsize for m in entries.values())
+    claimed = sum(math.prod(m.size) * m.properties.dtype.itemsize for m in entries.values())  # exact: no wrap
     held = sum(p.stat().st_size for p in Path(folder).glob("*.distcp"))
     if claimed > held:  # the index alone must not make us allocate: its sizes must be in the files
         raise PiconeoxError(f"{folder}/{DCP_INDEX}: its {part} weights hold {claimed:,} bytes, but the folder's "
