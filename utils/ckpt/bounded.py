@@ -22,7 +22,7 @@ import io
 import zipfile
 from collections import OrderedDict
 
-from utils.ckpt.pickle_walk import MAX_PICKLE_DEPTH, MAX_PICKLE_NODES, TooCostly, pickle_cost  # noqa: F401
+from utils.ckpt.pickle_walk import MAX_PICKLE_DEPTH, MAX_PICKLE_NODES, TooCostly, pickle_cost  # noqa: F401 (tests)
 from utils.errors import PiconeoxError
 
 MAX_HASH_WORK_UNWATCHED = 1 << 28  # one dict of 16,384 colliding keys: ~3.4 s here; a 1.2B state dict: ~400 keys
@@ -44,8 +44,7 @@ def check_pickle(data: bytes, path, item: str = "", hash_work: int = MAX_HASH_WO
             raise TooCostly(f"its dicts and sets hold too many entries (entries squared, summed over them all: "
                             f"{cost.hash_work:,}; allowed: {hash_work:,})")
     except TooCostly as e:
-        raise PiconeoxError(f"{where}: refused to load: {e} (allowed: {MAX_PICKLE_NODES:,} objects, "
-                            f"{MAX_PICKLE_DEPTH} deep); a checkpoint's pickles are small and flat") from None
+        raise PiconeoxError(f"{where}: refused to load: {e}; a checkpoint's pickles are small and flat") from None
     except (ValueError, KeyError, IndexError, OverflowError, UnicodeDecodeError) as e:  # the opcodes' and the stack's
         raise PiconeoxError(f"{where}: not a readable pickle ({str(e)[:200]})") from None
     _PASSED[key] = None
