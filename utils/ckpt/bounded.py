@@ -27,16 +27,16 @@ from utils.errors import PiconeoxError
 
 MAX_HASH_WORK_UNWATCHED = 1 << 28  # one dict of 16,384 colliding keys: ~3.4 s here; a 1.2B state dict: ~400 keys
 MAX_DATA_PKL_BYTES = 64 << 20  # torch.save writes ~100 bytes a tensor: a 1.2B model's data.pkl is ~50 KB
-_PASSED: OrderedDict[tuple, None] = OrderedDict()  # (digest, hash budget) of the pickles that passed, newest last
+_PASSED: OrderedDict[tuple, int] = OrderedDict()  # (digest, hash budget): hash work, of the pickles that passed
 
 
-def check_pickle(data: bytes, path, item: str = "", hash_work: int = MAX_HASH_WORK_UNWATCHED) -> None:
+def check_pickle(data: bytes, path, item: str = "", hash_work: int = MAX_HASH_WORK_UNWATCHED) -> int:
     """Refuse, in one line, a pickle whose objects could not be built and hashed in time proportional to its size
-    (`hash_work`: what its dicts' and sets' entries squared may sum to). Bytes that passed once pass again without
-    the walk (a resume reads one `.metadata` up to three times)."""
+    (`hash_work`: what its dicts' and sets' entries squared may sum to); else return what they sum to. Bytes that
+    passed once pass again without the walk (a resume reads one `.metadata` up to three times)."""
     key = (hashlib.blake2b(data, digest_size=16).digest(), hash_work)  # ~1 ms for a 1.2B model's index
     if key in _PASSED:
-        return
+        return _PASSED[key]
     where = f"{path}{f' ({item})' if item else ''}"
     try:
         cost = pickle_cost(data)
@@ -47,9 +47,10 @@ def check_pickle(data: bytes, path, item: str = "", hash_work: int = MAX_HASH_WO
         raise PiconeoxError(f"{where}: refused to load: {e}; a checkpoint's pickles are small and flat") from None
     except (ValueError, KeyError, IndexError, OverflowError, UnicodeDecodeError) as e:  # the opcodes' and the stack's
         raise PiconeoxError(f"{where}: not a readable pickle ({str(e)[:200]})") from None
-    _PASSED[key] = None
+    _PASSED[key] = cost.hash_work
     if len(_PASSED) > 64:
         _PASSED.popitem(last=False)
+    return cost.hash_work
 
 
 def check_torch_zip(source, path, item: str = "") -> None:
