@@ -64,9 +64,10 @@ def address_space() -> int:
     return int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) << 10
 
 
-def in_child(call, extra_memory: int, deadline: float) -> tuple[int | str, str]:
+def in_child(call, extra_memory: int, deadline: float, nofile: int | None = None) -> tuple[int | str, str]:
     """(exit code, or "timeout"; stderr) of `call()` in a forked child whose address space may grow by
-    `extra_memory` bytes (RLIMIT_AS), SIGKILLed after `deadline` seconds (a hang bound, not a timing goal)."""
+    `extra_memory` bytes (RLIMIT_AS; RLIMIT_NOFILE = `nofile`), stdin closed (a prompt fails, never waits),
+    SIGKILLed after `deadline` seconds (a hang bound, not a timing goal)."""
     err = tempfile.TemporaryFile()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -74,8 +75,11 @@ def in_child(call, extra_memory: int, deadline: float) -> tuple[int | str, str]:
         try:
             os.dup2(err.fileno(), 2)
             sys.stderr = open(2, "w", closefd=False)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             limit = address_space() + extra_memory
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            if nofile:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
             code = call() or 0
         except BaseException:
             traceback.print_exc()
