@@ -86,7 +86,8 @@ def skipped_task_files(folder: Path) -> list[str]:
         try:
             TaskIndex._kind_of(load_yaml(path, resolve_func=False, recursive=True))
         except Exception as e:  # what lm-eval's index catches
-            broken.append(f"{path.relative_to(folder)}: {' '.join(str(e).split())[:200]}")
+            why = "no `task:` or `group:` key" if "Unknown config shape" in str(e) else " ".join(str(e).split())[:200]
+            broken.append(f"{path.relative_to(folder)}: {why}")
     return broken
 
 
