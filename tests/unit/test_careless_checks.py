@@ -27,7 +27,8 @@ def test_consolidate_never_writes_into_the_runs_own_checkpoints(trained, tmp_pat
                        (run_dir / "best", "is one of the run's own checkpoints"),
                        (run_dir / "step-00000020", "is one of the run's own checkpoints"),
                        (step / "model", f"is inside the checkpoint {step}"),
-                       (run_dir / "final" / "hf", "is inside the checkpoint")]:
+                       (run_dir / "final" / "hf", "is inside the checkpoint"),
+                       (run_dir / ".step-00000020.tmp", "is one of the run's own checkpoints")]:
         with pytest.raises(PiconeoxError, match="--out .*" + words):
             consolidate(step, out)
     with pytest.raises(PiconeoxError, match=f"{run_dir / 'best'} is consolidated already"):
@@ -95,7 +96,11 @@ def test_main_process_addresses_and_names_that_resolve_pass():
     ("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n", 8, "asks for distributed_type DEEPSPEED"),
     ("distributed_type: FSDP\ndeepspeed_config:\n  zero_stage: 2\n", 8, "asks for deepspeed_config"),
     ("distributed_type: XLA\n", 8, "asks for distributed_type XLA"),
-    ("compute_environment: AMAZON_SAGEMAKER\n", 8, "asks for compute_environment AMAZON_SAGEMAKER"),
+    ("distributed_type: MULTI_GPU\ncompute_environment: AMAZON_SAGEMAKER\n", 8,
+     "asks for compute_environment AMAZON_SAGEMAKER"),
+    ("distributed_type: multi_gpu\n", 0, "is refused by accelerate: 'multi_gpu' is not a valid DistributedType"),
+    ("distributed_typ: FSDP\n", 0, "is refused by accelerate: A `distributed_type` must be specified"),
+    ("distributed_type: FSDP\nfsdp_confg: {}\n", 0, "is refused by accelerate: The config file had unknown keys"),
 ])
 def test_an_accelerate_config_we_do_not_run_is_refused(tmp_path, text, gpus, message):
     """Item 14: accelerate's traceback after the preflight passed, or a DeepSpeed config silently ignored."""

@@ -167,7 +167,8 @@ def check_consolidate_out(out: Path) -> None:
         run_folder = any(STEP_RE.match(p.name) for p in out.parent.iterdir())
     except OSError:  # no such folder (yet), or unreadable: check_output_dir says which
         run_folder = False
-    if (out / DCP_INDEX).is_file() or STEP_RE.match(out.name) or (run_folder and out.name in ("final", "best")):
+    owned = out.name in ("final", "best") or out.name.startswith(".")  # and the run's temporaries: .step-N.tmp
+    if (out / DCP_INDEX).is_file() or STEP_RE.match(out.name) or (run_folder and owned):
         raise PiconeoxError(f"--out {out} is one of the run's own checkpoints in {out.parent} (what --resume and "
                             "generate read; rotation deletes step folders): choose a folder outside the run's "
                             "checkpoints, e.g. models/NAME")

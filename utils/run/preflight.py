@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from utils.errors import PiconeoxError, cli
+from utils.errors import PiconeoxError, cli, first_line
 
 # The distributed types train.py runs (utils/distributed.py): DDP on GPUs or CPU ranks, FSDP2. DeepSpeed, Megatron-LM
 # and TPUs would be launched by accelerate and then trained as something else, or fail after the preflight.
@@ -96,18 +96,23 @@ def check_accelerate_config(path: str, gpus: int) -> dict:
         raise PiconeoxError(f"{flag} is not a text file (byte {e.object[e.start]:#04x} at offset {e.start})") from None
     except (ValueError, yaml.YAMLError) as e:
         mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise PiconeoxError(f"{flag} is not {kind}{where}: {getattr(e, 'problem', None) or e}") from None
+        line = f" at line {mark.line + 1}" if mark else ""
+        raise PiconeoxError(f"{flag} is not {kind}{line}: {getattr(e, 'problem', None) or e}") from None
     if not isinstance(cfg, dict) or not cfg:
         raise PiconeoxError(f"{flag} holds no settings ({'empty' if not cfg else type(cfg).__name__}): it needs "
                             f"`key: value` lines like {EXAMPLE}")
-    dist, where = str(cfg.get("distributed_type", "NO")).upper(), cfg.get("compute_environment", "LOCAL_MACHINE")
-    asked = [f"distributed_type {dist}"] * (dist not in RUNS) + [f"compute_environment {where}"] * (
+    dist, where = str(cfg.get("distributed_type", "NO")), cfg.get("compute_environment", "LOCAL_MACHINE")
+    asked = [f"distributed_type {dist}"] * (dist.upper() not in RUNS) + [f"compute_environment {where}"] * (
         where != "LOCAL_MACHINE") + [k for k in ("deepspeed_config", "megatron_lm_config") if cfg.get(k)]
     if asked:
-        what = asked[0]
-        raise PiconeoxError(f"{flag} asks for {what}, which piconeox does not run (distributed_type: MULTI_GPU for "
-                            f"DDP or FSDP for FSDP2): start from {EXAMPLE} or multi_gpu_ddp.yaml")
+        raise PiconeoxError(f"{flag} asks for {asked[0]}, which piconeox does not run (distributed_type: MULTI_GPU "
+                            f"for DDP or FSDP for FSDP2): start from {EXAMPLE} or multi_gpu_ddp.yaml")
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    try:  # what `accelerate launch` does with it: unknown keys, a missing or misspelt distributed_type
+        load_config_from_file(path)
+    except (ValueError, TypeError, KeyError) as e:
+        raise PiconeoxError(f"{flag} is refused by accelerate: {first_line(e).replace(f'at {path} ', '')}") from None
     ids = cfg.get("gpu_ids")
     if ids is not None and str(ids).strip().lower() != "all":
         listed = [i for i in str(ids).split(",") if i.strip()]
