@@ -163,6 +163,8 @@ def test_gloo_socket_ifname_must_name_an_interface_here():
     ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1"}, "but no MASTER_PORT"),
     ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "forms no process group"),
     ({"WORLD_SIZE": "two"}, "forms no process group"),
+    ({"LOCAL_RANK": "0"}, "LOCAL_RANK=0 in the environment forms no process group"),
+    ({"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1"}, "but no MASTER_ADDR or MASTER_PORT"),
     ({"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"}, None),
     ({"RANK": "0", "WORLD_SIZE": "1"}, None),
     ({"RANK": "3"}, None),
@@ -223,10 +225,11 @@ def test_a_bogus_wandb_mode_is_named(monkeypatch):
     """Item 18: W&B's own "1 validation error for Settings" did not say which setting."""
     from utils.report.trackers import check_wandb_login, check_wandb_mode
 
-    monkeypatch.setenv("WANDB_MODE", "bogus")
-    for check in (check_wandb_mode, check_wandb_login):
-        with pytest.raises(PiconeoxError, match="WANDB_MODE='bogus' is not a W&B mode; allowed: online, offline"):
-            check()
+    for bad in ("bogus", "Offline", ""):
+        monkeypatch.setenv("WANDB_MODE", bad)
+        for check in (check_wandb_mode, check_wandb_login):
+            with pytest.raises(PiconeoxError, match=f"WANDB_MODE='{bad}' is not a W&B mode; allowed: online, offline"):
+                check()
     monkeypatch.setenv("WANDB_MODE", "offline")
     assert check_wandb_mode() == "offline"
     check_wandb_login()

@@ -56,11 +56,11 @@ WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")  # wa
 
 def check_wandb_mode() -> str:
     """WANDB_MODE when W&B takes it (it fails with a "validation error for Settings" that does not name it)."""
-    mode = os.environ.get("WANDB_MODE", "")
-    if mode and mode not in WANDB_MODES:
+    mode = os.environ.get("WANDB_MODE")
+    if mode is not None and mode not in WANDB_MODES:  # set but empty fails in W&B too
         raise PiconeoxError(f"--report-to wandb: WANDB_MODE={mode!r} is not a W&B mode; allowed: "
                             f"{', '.join(WANDB_MODES)} (or unset it for online)")
-    return mode
+    return mode or "online"
 
 
 def check_wandb_login() -> None:
