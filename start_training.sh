@@ -136,7 +136,7 @@ fi
 
 # not YAML, empty, a DeepSpeed config, gpu_ids on a CPU run: one line here, not accelerate's traceback later
 if [ -n "$acc_config" ]; then
-  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.run.preflight accelerate-config "$acc_config" "$gpus" \
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.preflight accelerate-config "$acc_config" "$gpus" \
     || exit $?
 fi
 
@@ -228,7 +228,7 @@ fi
 export PICONEOX_RUN_LOCK_OWNER=$$
 if [ "$machines" -gt 1 ]; then export PICONEOX_MACHINE_RANK=$rank; fi
 # in TMPDIR, or where Python's tempfile falls back to when it is missing, read-only or full (then the run uses it too)
-lock_note=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.run.preflight temp-note) || exit $?
+lock_note=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.preflight temp-note) || exit $?
 [ -n "${TMPDIR:-}" ] && export TMPDIR="${lock_note%/*}"
 release_lock() {
   local lock

@@ -2,8 +2,8 @@
 or credentials, so a mistake is one line before any process starts; then a gs:// --data synced to this machine.
 
 start_training.sh also runs, before that (one line each on a mistake, exit 2):
-    python -m utils.run.preflight temp-note                   a new empty file for the run lock's note (prints it)
-    python -m utils.run.preflight accelerate-config FILE GPUS   the --accelerate-config file, for GPUS per machine
+    python -m utils.preflight temp-note                   a new empty file for the run lock's note (prints it)
+    python -m utils.preflight accelerate-config FILE GPUS   the --accelerate-config file, for GPUS per machine
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     elif argv[:1] == ["accelerate-config"] and len(argv) == 3 and argv[2].isdigit():
         check_accelerate_config(argv[1], int(argv[2]))
     else:
-        print("usage: python -m utils.run.preflight temp-note | accelerate-config FILE GPUS", file=sys.stderr)
+        print("usage: python -m utils.preflight temp-note | accelerate-config FILE GPUS", file=sys.stderr)
         return 2
     return 0
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from rp2040 import emulate
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.skipif(emulate.unavailable() is not None, reason=str(emulate.unavailable()))
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.test_bad_inputs import assert_one_error_line, run_cli_cases
+from tests.support.cli import assert_one_error_line, run_cli_cases
+from tests.support.paths import REPO
 
 LAUNCHER = REPO / "start_training.sh"
 

@@ -43,7 +43,7 @@ def test_consolidate_never_writes_into_the_runs_own_checkpoints(trained, tmp_pat
 
 def test_an_unusable_tmpdir_falls_back_with_one_warning(monkeypatch, tmp_path, capsys):
     """Item 12: the launcher's temporary note; a missing TMPDIR or one that is a file was a raw mktemp line."""
-    from utils.run.preflight import temp_note
+    from utils.preflight import temp_note
 
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
@@ -104,7 +104,7 @@ def test_main_process_addresses_and_names_that_resolve_pass():
 ])
 def test_an_accelerate_config_we_do_not_run_is_refused(tmp_path, text, gpus, message):
     """Item 14: accelerate's traceback after the preflight passed, or a DeepSpeed config silently ignored."""
-    from utils.run.preflight import check_accelerate_config
+    from utils.preflight import check_accelerate_config
 
     path = tmp_path / "acc.yaml"
     path.write_text(text)
@@ -114,7 +114,7 @@ def test_an_accelerate_config_we_do_not_run_is_refused(tmp_path, text, gpus, mes
 
 
 def test_an_accelerate_config_folder_json_or_binary_says_what_it_is(tmp_path):
-    from utils.run.preflight import check_accelerate_config
+    from utils.preflight import check_accelerate_config
 
     (tmp_path / "bad.json").write_text('{"distributed_type": "MULTI_GPU"')
     (tmp_path / "image.yaml").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
@@ -125,8 +125,8 @@ def test_an_accelerate_config_folder_json_or_binary_says_what_it_is(tmp_path):
 
 
 def test_the_repositorys_accelerate_configs_pass():
-    from tests.conftest import REPO
-    from utils.run.preflight import check_accelerate_config
+    from tests.support.paths import REPO
+    from utils.preflight import check_accelerate_config
 
     for path in sorted((REPO / "configs" / "accelerate").glob("*.yaml")):
         check_accelerate_config(str(path), 8)
@@ -185,7 +185,7 @@ def test_leftover_torchrun_variables_are_refused_or_announced(env, outcome):
 
 def test_plain_train_py_with_leftover_rank_variables_is_one_line(monkeypatch, tmp_path, tiny_data, capsys,
                                                                  fresh_accelerate_state):
-    from tests.conftest import run
+    from tests.support.training import run
 
     for key in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
@@ -199,7 +199,7 @@ def test_plain_train_py_with_leftover_rank_variables_is_one_line(monkeypatch, tm
 
 def test_a_local_bucket_that_is_a_file_is_refused_before_any_step(tmp_path, tiny_data, capsys, fresh_accelerate_state):
     """Item 18: the run trained, then exited 3 ("try later") for a bucket path that can never work."""
-    from tests.conftest import run
+    from tests.support.training import run
     from utils.storage import open_storage
 
     a_file = tmp_path / "bucket"
@@ -239,11 +239,11 @@ def test_a_broken_task_yaml_is_named(tmp_path):
     """Item 18: lm-eval skips a task YAML it cannot read without a word: it was "not an lm-eval task"."""
     import shutil
 
-    from tests.conftest import REPO
+    from tests.support.paths import REPO
     from utils.evaluate import task_manager
 
     tasks = tmp_path / "tasks"
-    shutil.copytree(REPO / "tests" / "lm_eval_tasks", tasks)
+    shutil.copytree(REPO / "tests" / "support" / "lm_eval_tasks", tasks)
     good = (tasks / "tiny_hellaswag.yaml").read_text()
     assert "tiny_hellaswag" in task_manager(["tiny_hellaswag"], str(tasks)).all_tasks
     for broken, why in ((good.replace("output_type: multiple_choice", "output_type: [multiple_choice"),
