@@ -85,7 +85,8 @@ def check_accelerate_config(path: str, gpus: int) -> dict:
     if file.is_dir():
         raise PiconeoxError(f"{flag} is a folder, not a config file: give one file, e.g. {EXAMPLE}")
     if not file.is_file():
-        raise PiconeoxError(f"{flag} does not exist (the repository's are in configs/accelerate/)")
+        what = "is not a regular file" if file.exists() else "does not exist"
+        raise PiconeoxError(f"{flag} {what} (the repository's are in configs/accelerate/)")
     kind = "JSON" if path.endswith(".json") else "YAML"  # as accelerate reads it
     try:
         text = file.read_text(encoding="utf-8")

@@ -28,7 +28,8 @@ def test_consolidate_never_writes_into_the_runs_own_checkpoints(trained, tmp_pat
                        (run_dir / "step-00000020", "is one of the run's own checkpoints"),
                        (step / "model", f"is inside the checkpoint {step}"),
                        (run_dir / "final" / "hf", "is inside the checkpoint"),
-                       (run_dir / ".step-00000020.tmp", "is one of the run's own checkpoints")]:
+                       (run_dir / ".step-00000020.tmp", "is one of the run's own checkpoints"),
+                       (step / ".." / "final", f"--out {run_dir / 'final'} is one of the run's own checkpoints")]:
         with pytest.raises(PiconeoxError, match="--out .*" + words):
             consolidate(step, out)
     with pytest.raises(PiconeoxError, match=f"{run_dir / 'best'} is consolidated already"):
@@ -71,6 +72,8 @@ def test_an_unusable_tmpdir_falls_back_with_one_warning(monkeypatch, tmp_path, c
     ("[fd00::1]:29500", "carries a port: pass --main-process-ip fd00::1 --main-process-port 29500"),
     ("no-such-host.invalid", "'no-such-host.invalid' does not resolve on this machine"),
     (" ", "is empty"),
+    ("0.0.0.0", "is no machine's address"),
+    ("224.0.0.1", "is no machine's address"),
 ])
 def test_a_main_process_ip_no_machine_can_dial_is_refused(host, message):
     """Item 13: was a warning and exit 0, then a rendezvous that never forms."""
@@ -119,7 +122,8 @@ def test_an_accelerate_config_folder_json_or_binary_says_what_it_is(tmp_path):
     (tmp_path / "bad.json").write_text('{"distributed_type": "MULTI_GPU"')
     (tmp_path / "image.yaml").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
     for path, message in [(tmp_path, "is a folder, not a config file"), (tmp_path / "bad.json", "is not JSON"),
-                          (tmp_path / "image.yaml", "is not a text file"), (tmp_path / "nope.yaml", "does not exist")]:
+                          (tmp_path / "image.yaml", "is not a text file"), (tmp_path / "nope.yaml", "does not exist"),
+                          (Path("/dev/null"), "is not a regular file")]:
         with pytest.raises(PiconeoxError, match=message):
             check_accelerate_config(str(path), 0)
 

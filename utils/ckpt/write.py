@@ -157,7 +157,7 @@ def check_consolidate_out(out: Path) -> None:
     """Refuse an --out that is part of a run's checkpoints: a folder inside a checkpoint (rotation or the next
     save deletes it with that checkpoint) or a run's own final/, best/ or step folder (replacing it with
     from_pretrained weights loses the state a --resume needs)."""
-    out = Path(out).absolute()
+    out = Path(os.path.abspath(out))  # `..` collapsed, links kept (a link into a checkpoint is caught below)
     for parent in out.parents:
         if (parent / MARKER).is_file() or (parent / DCP_INDEX).is_file() or STEP_RE.match(parent.name):
             raise PiconeoxError(f"--out {out} is inside the checkpoint {parent}, which is deleted or replaced as a "

@@ -72,6 +72,9 @@ def check_main_process_ip(host: str) -> None:
         raise PiconeoxError(f"{flag} carries a port: pass --main-process-ip {name.strip('[]')} "
                             f"--main-process-port {port}")
     if _is_address(host):
+        if ipaddress.ip_address(host).is_unspecified or ipaddress.ip_address(host).is_multicast:
+            raise PiconeoxError(f"{flag} is no machine's address (unspecified or multicast): give machine 0's "
+                                "address as the other machines reach it, e.g. 10.0.0.1")
         return
     if all(part.isdigit() for part in host.split(".")):
         raise PiconeoxError(f"{flag} is not an IPv4 address (four numbers 0-255, e.g. 10.0.0.1)")
