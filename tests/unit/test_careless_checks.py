@@ -29,7 +29,7 @@ def test_consolidate_never_writes_into_the_runs_own_checkpoints(trained, tmp_pat
                        (step / "model", f"is inside the checkpoint {step}"),
                        (run_dir / "final" / "hf", "is inside the checkpoint"),
                        (run_dir / ".step-00000020.tmp", "is one of the run's own checkpoints"),
-                       (step / ".." / "final", f"--out {run_dir / 'final'} is one of the run's own checkpoints")]:
+                       (step / ".." / "final", f"{run_dir / 'final'} is one of the run's own checkpoints")]:
         with pytest.raises(PiconeoxError, match="--out .*" + words):
             consolidate(step, out)
     with pytest.raises(PiconeoxError, match=f"{run_dir / 'best'} is consolidated already"):
