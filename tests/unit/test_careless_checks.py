@@ -90,6 +90,20 @@ def test_main_process_addresses_and_names_that_resolve_pass():
         check_main_process_ip(host)
 
 
+def test_a_scheduler_master_name_not_in_dns_yet_is_a_warning_not_a_refusal(monkeypatch, capsys):
+    """Kubernetes publishes the master pod's service name once that pod is up: a worker's launcher that starts
+    first must not exit over it; the same name typed as a flag is still refused."""
+    from utils.run import network
+
+    name = "trainer-master-0.trainer.invalid"
+    monkeypatch.setenv("MASTER_ADDR", name)
+    assert network.main([name]) == 0
+    assert "does not resolve yet" in capsys.readouterr().err
+    monkeypatch.delenv("MASTER_ADDR")
+    assert network.main([name]) == 2
+    assert "does not resolve on this machine" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("text, gpus, message", [
     ("a: [1, 2\n", 0, "is not YAML at line 2"),
     ("", 0, "holds no settings (empty)"),
