@@ -380,6 +380,7 @@ def finish(run: Run, reason: str) -> int:
         log.info(next_commands(run.cfg.preset, run.run_dir, stopped=run.vote.stopping,
                                last=None if tc.best_and_final else run.ckpt.step_folder(state.step)))
         run.metrics.close()
+    stop.outcome = code  # the run has ended: a signal from here on (a late Ctrl-C) changes nothing
     run.accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     run.accelerator.end_training()
     return code
