@@ -407,7 +407,7 @@ def run(args) -> int:
     if args.print_plan:
         from configs.plan import format_plan, plan
 
-        print(format_plan(plan(cfg, gpus=args.gpus)))
+        print(format_plan(plan(cfg, gpus=args.gpus, machines=args.machines)))
         return 0
     with contextlib.ExitStack() as cleanup:
         r = setup(cfg, pretrained, cleanup, auto_batch=args.micro_batch_size == "auto")
