@@ -1,5 +1,6 @@
-"""Stops that hold on a busy box (issue 42, items 1-5): both cores taken by `yes`, the run at nice 10, each stop
-tried several rounds. Real start_training.sh launches of train.py (gloo ranks on CPU); every wait is for an event.
+"""Stops that hold on a busy box (issue 42, items 1-5): both cores taken by `yes` from the moment the run trains
+(its start-up stays fast), the run at nice 10, each stop tried several rounds. Real start_training.sh launches
+of train.py (gloo ranks on CPU); every wait is for an event.
 """
 import os
 import signal
@@ -28,9 +29,9 @@ def saving_step(work) -> int:
 def test_a_second_ctrl_c_ends_everything_at_once_while_a_save_is_in_flight(tmp_path, tiny_data, round_):
     """Item 1: the second Ctrl-C came while the flush was writing; the run used to wait for that write (the
     uploader thread, the flush), or for the grace, before it ended. Now: 130, one line, the write is cut short."""
+    proc = start(tmp_path, tiny_data, 1, *MEDIUM, "--save-every", "1000")
+    wait_for("a step", lambda: training(tmp_path, 1), proc)
     with both_cores_loaded():
-        proc = start(tmp_path, tiny_data, 1, *MEDIUM, "--save-every", "1000")
-        wait_for("a step", lambda: training(tmp_path, 1), proc)
         family = tree(proc.pid)
         proc.send_signal(signal.SIGINT)
         wait_for("the stop's write", lambda: "writing step" in output(tmp_path).partition(" received: saving")[2],
@@ -50,9 +51,9 @@ def test_a_second_ctrl_c_ends_everything_at_once_while_a_save_is_in_flight(tmp_p
 def test_a_ctrl_c_after_the_clean_stop_printed_its_next_lines_is_no_failure(tmp_path, tiny_data, round_):
     """Item 2: the second Ctrl-C reached the ranks after their outcome was decided (or while the interpreter
     exited, where Python's handlers are back to the default): `a training process failed with exit code -2`."""
+    proc = start(tmp_path, tiny_data, 2)
+    wait_for("two ranks training", lambda: training(tmp_path, 2), proc)
     with both_cores_loaded():
-        proc = start(tmp_path, tiny_data, 2)
-        wait_for("two ranks training", lambda: training(tmp_path, 2), proc)
         family = tree(proc.pid)
         proc.send_signal(signal.SIGINT)
         wait_for("the next: lines", lambda: "next:" in output(tmp_path), proc)
@@ -67,9 +68,9 @@ def test_a_ctrl_c_after_the_clean_stop_printed_its_next_lines_is_no_failure(tmp_
 def test_sigterm_to_every_process_of_the_run_at_once_is_a_clean_stop(tmp_path, tiny_data, round_):
     """Item 3: scancel, systemd or a container runtime signal every process: utils/launch.py printed torch
     elastic's SignalException traceback and exited 1. Now the same step is saved by every rank and it exits 0."""
+    proc = start(tmp_path, tiny_data, 2)
+    wait_for("two ranks training", lambda: training(tmp_path, 2), proc)
     with both_cores_loaded():
-        proc = start(tmp_path, tiny_data, 2)
-        wait_for("two ranks training", lambda: training(tmp_path, 2), proc)
         family = tree(proc.pid)
         assert len(family) >= 4, family  # the script, the launcher, two ranks
         for pid, _ in family:
@@ -99,8 +100,7 @@ with runlock.holding(sys.argv[1], "r", "train.py"):
 """
 
 
-@pytest.mark.parametrize("round_", range(ROUNDS))
-def test_preparing_data_on_a_filesystem_without_locks_warns_once_and_goes_on(tmp_path, round_):
+def test_preparing_data_on_a_filesystem_without_locks_warns_once_and_goes_on(tmp_path):
     """Item 4: utils/data/source.py flocked on its own and died with an ENOLCK traceback; one helper now, one
     warning line for the process (the run lock's and the data's)."""
     with both_cores_loaded():
