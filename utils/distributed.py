@@ -131,10 +131,12 @@ def shorten_timeout(minutes: float, groups=()) -> None:
     """After the first step: the run's collectives fail within `minutes` on a hang, instead of the start-up timeout
     that had to cover a resume download and the compile; the default group and `groups` (FSDP2's mesh groups, which
     DeviceMesh made with the backend's default), after a barrier so that no collective is in flight (torchtitan)."""
+    import torch
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        nccl = dist.get_backend() == "nccl"
+        dist.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
         for group in (None, *groups):
             dist.distributed_c10d._set_pg_timeout(timedelta(minutes=minutes), group)
 
