@@ -109,3 +109,21 @@ def test_preparing_data_on_a_filesystem_without_locks_warns_once_and_goes_on(tmp
     assert done.returncode == 0 and done.stdout == "prepared\nprepared\nheld\n", done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"warning: {tmp_path / 'data'} has no file locks "
                                                                    "(ENOLCK"), done.stderr
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_a_ctrl_c_to_the_launcher_before_the_launch_ends_it(tmp_path, tiny_data, round_):
+    """Found by the sweep: a SIGINT to start_training.sh alone during its checks was dropped (bash waits for the
+    check in progress and then goes on without a trap: the run started and trained) or killed the script (-2)."""
+    proc = start(tmp_path, tiny_data, 2)
+    with both_cores_loaded():
+        wait_for("the preflight's lock", lambda: (tmp_path / "ckpt" / ".locks" / "r.lock").exists(), proc)
+        family = tree(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        code, left = ended(proc, family)
+    text = output(tmp_path)
+    assert code in (0, 130) and left == [], (code, left, text[-3000:])  # 0: it had launched, a clean stop
+    assert "Traceback" not in text
+    if code == 130:
+        assert text.strip().endswith("error: interrupted before the training processes started; nothing was "
+                                     "trained"), text[-2000:]
