@@ -1,5 +1,5 @@
 """The stages of benchmarks/gpu_check.sh (its CLI): each prints one JSON line per measurement to OUT/results.jsonl
-and a readable row to stdout. See the README section "Checking a GPU box".
+and a readable row to stdout. See docs/gpus.md, "Checking a GPU box".
 
     python benchmarks/gpu_check.py STAGE --out DIR [--cpu-smoke]      STAGE: env, kernels, train, save, fsdp
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO.parent / "shared" / "data"
-# The skip reason says where each file comes from (README, "Tests without ../shared").
+# The skip reason says where each file comes from (docs/development.md, "Tests": without ../shared).
 SHARED_DATA_MISSING = (
     f"real text not found at {SHARED_DATA}: put Tiny Shakespeare there as tinyshakespeare/input.txt "
     "(https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt), TinyStories "

@@ -10,7 +10,7 @@ import torch
 
 from tests.support.interop_runs import SHAPES, write_run
 from utils.ckpt.format import check_complete
-from utils.data.tokenizers import EOT, _byte_to_unicode
+from utils.data.tokenizers import EOT, byte_to_unicode
 
 
 @pytest.fixture(scope="module", params=sorted(SHAPES))
@@ -93,12 +93,12 @@ def test_gguf_metadata_and_tokens_match_the_checkpoint(run, tmp_path):
     texts = meta["tokenizer.ggml.tokens"]
     assert len(texts) == cfg.vocab_size and texts[eot] == EOT and meta["tokenizer.ggml.merges"]
     # llama.cpp decodes a token's text byte-level: every id must give the bytes our tokenizer gives it
-    to_byte = {c: b for b, c in _byte_to_unicode().items()}
+    to_byte = {c: b for b, c in byte_to_unicode().items()}
     for i, ours in enumerate(tok.convert_ids_to_tokens(list(range(len(tok))))):
         want = ours.encode("utf-8") if kind == "char" else bytes(to_byte[c] for c in ours)
         assert i == eot or bytes(to_byte[c] for c in texts[i]) == want, (kind, i, texts[i])
     if kind == "char":  # multi-byte characters are reached by merges of their bytes
-        table = _byte_to_unicode()
+        table = byte_to_unicode()
         assert " ".join([table[0xC3], table[0xA9]]) in meta["tokenizer.ggml.merges"]  # é
 
 
