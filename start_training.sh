@@ -105,7 +105,7 @@ while [ $# -gt 0 ]; do
       need_int "$opt" "$val"; [ "$val" -ge 1 ] && [ "$val" -le 65535 ] || die "--main-process-port '$val' must be 1..65535"
       port=$val ;;
     --main-process-ip) ip=$val ;;
-    --accelerate-config) [ -f "$val" ] || die "--accelerate-config '$val' does not exist"; acc_config=$val ;;
+    --accelerate-config) acc_config=$val ;;  # checked below, once --gpus is known
   esac
   shift 2
 done
@@ -149,6 +149,12 @@ fi
 [ "$gpus" -le "$present" ] || die "--gpus $gpus asked but only $present CUDA GPU(s) are visible"
 [ "$gpus" -gt 0 ] && [ -n "$procs" ] && [ "$procs" -ne 1 ] \
   && die "--procs $procs is for CPU runs (--gpus 0); on GPUs there is one process per GPU"
+
+# not YAML, empty, a DeepSpeed config, gpu_ids on a CPU run: one line here, not accelerate's traceback later
+if [ -n "$acc_config" ]; then
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.preflight accelerate-config "$acc_config" "$gpus" \
+    || exit $?
+fi
 
 machines=${machines:-1}
 if [ "$machines" -gt 1 ]; then
@@ -216,7 +222,7 @@ launch+=(--dynamo_backend no)
 # reach, not to whatever the hostname resolves to (often 127.0.1.1): on machine 0 the one holding --main-process-ip,
 # elsewhere the one routing to it, never lo. A name resolving to loopback here is refused (utils/run/network.py).
 # A GLOO_SOCKET_IFNAME the user set wins.
-if [ "$machines" -gt 1 ] && [ -z "${GLOO_SOCKET_IFNAME:-}" ]; then
+if [ "$machines" -gt 1 ]; then  # checks the address; prints nothing when GLOO_SOCKET_IFNAME is set
   ifname=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.run.network "$ip") || exit $?
   [ -n "$ifname" ] && envs+=("GLOO_SOCKET_IFNAME=$ifname")
 fi
@@ -237,7 +243,9 @@ fi
 # processes join it, and it is removed once this script and all of them are gone (on every exit path).
 export PICONEOX_RUN_LOCK_OWNER=$$
 if [ "$machines" -gt 1 ]; then export PICONEOX_MACHINE_RANK=$rank; fi
-lock_note=$(mktemp "${TMPDIR:-/tmp}/piconeox-lock.XXXXXX")
+# in TMPDIR, or where Python's tempfile falls back to when it is missing, read-only or full (then the run uses it too)
+lock_note=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.preflight temp-note) || exit $?
+[ -n "${TMPDIR:-}" ] && export TMPDIR="${lock_note%/*}"
 release_lock() {
   local lock
   lock=$(cat "$lock_note" 2>/dev/null || true)
