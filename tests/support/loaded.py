@@ -11,7 +11,7 @@ from pathlib import Path
 from tests.support.chaos import TINY, alive, tree
 from tests.support.paths import REPO
 
-ROUNDS = 3  # each stop is tried this many times on the loaded box: few enough for a fast suite
+ROUNDS = 2  # each stop is tried this many times on the loaded box: several, and few enough for the CI budget
 
 
 @contextlib.contextmanager
