@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from utils.errors import PiconeoxError
-from utils.textfile import read_json
+from utils.textfile import SMALL_JSON_BYTES, read_json
 
 PROMPT_BYTES_PER_CHAR = 20
 
@@ -20,7 +20,7 @@ PROMPT_BYTES_PER_CHAR = 20
 def model_config(model_dir: Path) -> dict:
     """config.json of an exported model; one line naming the file when it is not the exporter's JSON."""
     path = Path(model_dir) / "config.json"
-    config = read_json(path, "exported model config")
+    config = read_json(path, "exported model config", SMALL_JSON_BYTES)
     for section in ("ram", "generation", "shape"):
         if not isinstance(config.get(section), dict):
             raise PiconeoxError(f"exported model config {path} has no {section!r} section: export the model again "

@@ -28,7 +28,7 @@ from pathlib import Path
 from utils.atomic import atomic_write_json
 from utils.crc import crc32c_file
 from utils.errors import PiconeoxError
-from utils.textfile import read_json
+from utils.textfile import SMALL_JSON_BYTES, read_json
 from utils.storage.base import no_link_below, safe_relpath
 
 MARKER = "COMPLETE"
@@ -61,7 +61,7 @@ def read_marker(folder: Path) -> dict | None:
     if (Path(folder) / MARKER).is_symlink():  # never read through a link (check_complete says why)
         return None
     try:  # read_json: bounded in size, and JSON nested too deep is one line too
-        marker = read_json(Path(folder) / MARKER)
+        marker = read_json(Path(folder) / MARKER, max_bytes=SMALL_JSON_BYTES)
     except PiconeoxError:
         return None
     files = marker.get("files")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from utils.textfile import read_json
+from utils.textfile import SMALL_JSON_BYTES, read_json
 from utils.errors import PiconeoxError, first_line
 
 LIMITS = {"num_hidden_layers": 1024, "hidden_size": 1 << 16, "num_attention_heads": 1024,
@@ -27,10 +27,10 @@ def gpt_neox_config(folder: Path, flag: str = ""):
     from transformers import GPTNeoXConfig
 
     folder = Path(folder)
-    raw = read_json(folder / "config.json", flag.strip())
+    raw = read_json(folder / "config.json", flag.strip(), SMALL_JSON_BYTES)
     tokenizer_config = folder / "tokenizer_config.json"
-    for name, saved in (("config.json", raw), (tokenizer_config.name, read_json(tokenizer_config, flag.strip())
-                                                if tokenizer_config.is_file() else {})):
+    tok_config = read_json(tokenizer_config, flag.strip(), SMALL_JSON_BYTES) if tokenizer_config.is_file() else {}
+    for name, saved in (("config.json", raw), (tokenizer_config.name, tok_config)):
         if any(key in saved for key in CODE_KEYS):
             raise PiconeoxError(f"{flag}{folder}/{name}: asks to run the folder's own code (auto_map); piconeox "
                                 "loads GPT-NeoX models with transformers' own classes and never runs a folder's code")
@@ -111,12 +111,10 @@ def tokenizer_problem(path: Path, model_vocab: int) -> str | None:
     tokenizer, ids beyond the model's embedding), or None."""
     from utils.data.tokenizers import read_tokenizer
 
-    try:
-        size = read_tokenizer(path).get_vocab_size()
+    try:  # the count is read from the JSON and compared before anything is built
+        read_tokenizer(path, max_ids=model_vocab)
     except PiconeoxError as e:
         return str(e)
-    if size > model_vocab:
-        return f"{path}: vocab mismatch: the tokenizer has {size} ids but the model's embedding has {model_vocab} rows"
     return None
 
 

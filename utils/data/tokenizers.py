@@ -24,13 +24,13 @@ from tokenizers import Tokenizer, decoders, models, trainers
 from tokenizers.pre_tokenizers import ByteLevel
 
 from utils.atomic import atomic_write
+from utils.data.tokenizer_check import check_tokenizer_json
 from utils.errors import PiconeoxError, leave_running
 
 EOT = "<|endoftext|>"
 KINDS = ("char", "byte", "bpe")
 BPE_MIN_VOCAB, BPE_MAX_VOCAB = 257, 65_535
 TOKENIZER_FILE = "tokenizer.json"
-MAX_TOKENS = 1 << 21  # vocab entries and merges a tokenizer.json may hold (GPT-NeoX's: 50,277 and 50,009)
 
 
 def check_vocab_size(kind: str, vocab_size: int | None) -> None:
@@ -162,18 +162,14 @@ def file_sha256(path: str | os.PathLike) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def read_tokenizer(path: str | os.PathLike, flag: str = "") -> Tokenizer:
-    """tokenizer.json as a Tokenizer, once its size and its counts of tokens and merges are within bounds (3M merges
-    would take minutes and gigabytes to build); anything else is one PiconeoxError line."""
+def read_tokenizer(path: str | os.PathLike, flag: str = "", max_ids: int | None = None) -> Tokenizer:
+    """tokenizer.json as a Tokenizer, once its size, its pipeline (only the pieces piconeox's tokenizers use) and its
+    counts of ids and merges are within bounds (utils.data.tokenizer_check), and it has at most `max_ids` ids: all
+    read from the JSON before anything is built. Anything else is one PiconeoxError line."""
     from utils.textfile import read_json
 
     label = f"{flag} {path}".lstrip()
-    model = read_json(path, flag).get("model")
-    if not isinstance(model, dict):
-        raise PiconeoxError(f"{label} is not a tokenizer.json (no model object)")
-    for what in ("vocab", "merges"):
-        if len(model.get(what) or ()) > MAX_TOKENS:
-            raise PiconeoxError(f"{label}: {len(model[what]):,} {what} entries, more than the {MAX_TOKENS:,} allowed")
+    check_tokenizer_json(read_json(path, flag), label, max_ids)
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception on a bad file
