@@ -22,7 +22,7 @@ from utils.data.documents import Source, TextFile, resolve_inputs
 from utils.errors import PiconeoxError
 from utils.data.shards import MANIFEST_FILE, SPLITS, Manifest, ShardWriter, token_dtype, write_manifest
 from utils.data.tokenizers import (TOKENIZER_FILE, build_tokenizer, check_vocab_size, checkpoint_tokenizer,
-                              encode_batches, file_sha256, missing_chars, read_tokenizer, save_tokenizer,
+                              encode_batches, file_sha256, missing_chars, pieces, read_tokenizer, save_tokenizer,
                                    tokenizer_kind)
 
 DEFAULT_SHARD_TOKENS = 50_000_000  # 100 MB per uint16 shard
@@ -129,8 +129,8 @@ def _texts(sources: list[Source], documents: Iterable[Document], desc: str, spli
     """The kept documents of `splits`, for building or checking a tokenizer, with a progress bar."""
     with _progress(sources, desc) as bar:
         for batch in _batches(documents):
-            if batch.split in splits:
-                yield from batch.docs
+            if batch.split in splits:  # in bounded pieces: BPE training holds a word's pairs at once
+                yield from (piece for doc in batch.docs for piece in pieces(doc))
             bar.update(batch.input_bytes)
 
 
