@@ -102,8 +102,8 @@ def open_pretrained(path: str | Path) -> Pretrained:
                                 f"needs {value!r} (as Pythia has)")
     if why := tokenizer_problem(tokenizer_file, hf.vocab_size):
         raise PiconeoxError(f"--init-from {why}")
-    if shapes := weight_shapes(path):  # sizes as the weights hold them, before a model of that size is built
-        check_weights(hf, shapes, path, "--init-from ")
+    # sizes as the weights hold them, before a model of that size is built (weights holding no tensor: refused)
+    check_weights(hf, weight_shapes(path), path, "--init-from ")
     tokenizer_vocab = read_tokenizer(tokenizer_file).get_vocab_size()
     shas = {file_sha256(tokenizer_file)}
     run_config = path / "run_config.json"

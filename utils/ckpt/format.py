@@ -35,6 +35,8 @@ MARKER = "COMPLETE"
 STEP_RE = re.compile(r"^step-(\d{8})$")
 DCP_INDEX = ".metadata"
 WEIGHTS_FILE = "model.safetensors"
+MAX_STEP = 10**8  # step-XXXXXXXX: eight digits
+MAX_WORLD = 1 << 16  # ranks a checkpoint may come from
 
 
 def step_dir_name(step: int) -> str:
@@ -56,8 +58,8 @@ def write_marker(folder: Path, step: int, world_size: int, files: dict[str, dict
 
 
 def read_marker(folder: Path) -> dict | None:
-    """The parsed COMPLETE marker of `folder`, or None when it is missing, unreadable, or lists a file without
-    its size and crc32c (an older piconeox format)."""
+    """The parsed COMPLETE marker of `folder`, or None when it is missing, unreadable, lists a file without
+    its size and crc32c (an older piconeox format), or has a step or world size no run writes."""
     if (Path(folder) / MARKER).is_symlink():  # never read through a link (check_complete says why)
         return None
     try:  # read_json: bounded in size, and JSON nested too deep is one line too
@@ -66,7 +68,11 @@ def read_marker(folder: Path) -> dict | None:
         return None
     files = marker.get("files")
     if not isinstance(files, dict) or not all(isinstance(v, dict) and {"size", "crc32c"} <= v.keys()
+                                              and all(type(v[k]) is int and v[k] >= 0 for k in ("size", "crc32c"))
                                               for v in files.values()):
+        return None
+    step, world = marker.get("step"), marker.get("world_size")
+    if not (type(step) is int and 0 <= step < MAX_STEP and type(world) is int and 1 <= world <= MAX_WORLD):
         return None
     return marker
 
@@ -126,6 +132,8 @@ def check_complete(folder: Path, verify: bool = False) -> str | None:
     marker = read_marker(folder)
     if marker is None:
         return f"{folder}/{MARKER} is unreadable (or from an older piconeox format)"
+    if (m := STEP_RE.match(folder.name)) and int(m.group(1)) != marker["step"]:
+        return f"{folder}/{MARKER} says step {marker['step']}, but the folder is {folder.name}"
     return check_files(folder, marker["files"], verify)
 
 

@@ -19,6 +19,7 @@ from utils.errors import PiconeoxError, first_line
 LIMITS = {"num_hidden_layers": 1024, "hidden_size": 1 << 16, "num_attention_heads": 1024,
           "intermediate_size": 1 << 18, "vocab_size": 1 << 21, "max_position_embeddings": 1 << 20}
 CODE_KEYS = ("auto_map",)
+WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", ".metadata")
 LAYER = re.compile(r"^gpt_neox\.layers\.(\d+)\.")
 
 
@@ -69,12 +70,16 @@ def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
             raise PiconeoxError(f"{folder}/pytorch_model.bin: holds a {type(state).__name__}, not a state dict")
         return {k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}
     index = folder / "model.safetensors.index.json"
-    weight_map = read_json(index).get("weight_map") if index.is_file() else {"": "model.safetensors"}
-    files = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
+    weight_map = read_json(index, max_bytes=SMALL_JSON_BYTES).get("weight_map") if index.is_file() else \
+        {"": "model.safetensors"}
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise PiconeoxError(f"{index}: weight_map must map tensor names to file names")
     shapes = {}
-    for name in files:
+    for name in sorted(set(weight_map.values())):  # a file it names and the folder lacks is refused, not skipped
         if Path(name).name != name or not (folder / name).is_file():
-            return {}
+            if not index.is_file():
+                return {}  # no safetensors weights at all: the caller says what the folder lacks
+            raise PiconeoxError(f"{index} names {name[:100]!r}, which is not a file of {folder}")
         with safe_open(folder / name, "pt") as f:
             shapes.update({key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})
     return shapes
@@ -101,7 +106,7 @@ def checked_config(folder: Path, flag: str = ""):
     """gpt_neox_config, checked against the folder's weights when it has safetensors or DCP weights."""
     config = gpt_neox_config(folder, flag)
     shapes = weight_shapes(folder)
-    if shapes:
+    if shapes or any((Path(folder) / name).exists() for name in WEIGHT_NAMES):  # weights that hold no tensor: refused
         check_weights(config, shapes, Path(folder), flag)
     return config
 

@@ -39,7 +39,8 @@ def kind(value) -> str:
 
 def unlike(saved, like, top: bool = True, nullable: bool = False) -> str | None:
     """Why `saved` is not shaped like `like` (the same keys at the top, the same kinds of values, scalar lists of
-    the same length), or None. A dict's number may be null (JSON has no inf: TrainerState saves None)."""
+    the same length), or None. Null stands where the run's own value is null (JSON has no inf: TrainerState saves
+    None for it) and may then be a number; never where a number belongs."""
     if top and not isinstance(saved, dict):
         return f"expected a JSON object, found {kind(saved)}"
     if isinstance(like, dict) and isinstance(saved, dict):
@@ -48,8 +49,7 @@ def unlike(saved, like, top: bool = True, nullable: bool = False) -> str | None:
             return f"its keys differ from {sorted(like)} ({', '.join(odd)})"
         return next((f"{key}: {why}" for key in saved.keys() & like.keys()
                      if (why := unlike(saved[key], like[key], top=False, nullable=True))), None)
-    kinds = {kind(saved), kind(like)}
-    if len(kinds) > 1 and not (nullable and kinds == {"null", "number"}):
+    if kind(saved) != kind(like) and not (nullable and kind(like) == "null" and kind(saved) == "number"):
         return f"{kind(saved)} where {kind(like)} belongs"
     if isinstance(like, list) and like:
         if kind(like[0]) not in ("list", "dict") and len(saved) != len(like):
