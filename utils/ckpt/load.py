@@ -24,7 +24,10 @@ def read_part(folder: Path, name: str, like: dict | None = None) -> object | Non
     if path.is_file():
         state = read_json(path)
     elif (path := folder / f"{name}.pt").is_file():
-        state = load_small_state(path)
+        try:
+            state = load_small_state(path)
+        except (MemoryError, OverflowError) as e:  # an array a pickle claims, larger than memory
+            raise PiconeoxError(f"{path}: not a {name} state this run can load ({first_line(e, 200)})") from None
     else:
         return None
     if like is not None and (why := unlike(state, like)):
@@ -71,7 +74,8 @@ def read_rng(folder: Path, rank: int) -> dict:
         raise PiconeoxError(f"{folder}: the checkpoint has no RNG state ({rng_name(0)}); it cannot be resumed exactly")
     try:
         return rng_from_json(read_json(path) if path.suffix == ".json" else rng_to_json(load_small_state(path)))
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError, MemoryError,
+            OverflowError) as e:  # MemoryError: a pickled array of 10^12 elements
         raise PiconeoxError(f"{path}: not an RNG state piconeox wrote ({first_line(e, 200)})") from None
 
 
