@@ -59,9 +59,9 @@ def check_model(path: Path) -> None:
             if lie := header_lie(f.read(HEADER_SIZE)):
                 raise FormatError(f"model.bin header has {lie} (corrupt or foreign file)")
             header, layout = read_header(f)
-            if (size := Path(path).stat().st_size) != layout.crc_offset + 4:  # read what the header says, no more
-                raise FormatError(f"model.bin has {size:,} bytes, its header says {layout.crc_offset + 4:,} (padded, "
-                                  "truncated or foreign file)")
+            if (size := Path(path).stat().st_size) > layout.crc_offset + 4:  # read what the header says, no more
+                raise FormatError(f"model.bin has {size:,} bytes, its header says {layout.crc_offset + 4:,} (padded "
+                                  "or foreign file)")
             verify_checksum(f, layout)
     except FormatError as e:
         raise PiconeoxError(f"{path}: {e}") from None
@@ -74,7 +74,7 @@ def check_model(path: Path) -> None:
 
 
 def vocab_bytes(path: Path) -> bytes:
-    """vocab.bin's bytes once its size is the one its header gives (read first), within MAX_VOCAB tokens."""
+    """vocab.bin's bytes once its size is at most the one its header gives (read first), within MAX_VOCAB tokens."""
     from rp2040.runtime.modelfile import FormatError
     from rp2040.runtime.tokenizer import HEADER_FORMAT, HEADER_SIZE
 
@@ -88,9 +88,8 @@ def vocab_bytes(path: Path) -> bytes:
                               f"{MAX_VOCAB:,} tokens of at most {MAX_TOKEN_BYTES} bytes each")
         merges_at = (HEADER_SIZE + 4 * (v + 1) + n_bytes + v + 3) & ~3
         expect = ((merges_at + 6 * merges + 3) & ~3) + 4
-        if (size := Path(path).stat().st_size) != expect:
-            raise FormatError(f"vocab.bin has {size:,} bytes, its header says {expect:,} (padded, truncated or "
-                              "foreign file)")
+        if (size := Path(path).stat().st_size) > expect:  # shorter: vocab_lie names it
+            raise FormatError(f"vocab.bin has {size:,} bytes, its header says {expect:,} (padded or foreign file)")
         return head + f.read()
 
 
