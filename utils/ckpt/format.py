@@ -71,7 +71,7 @@ def read_marker(folder: Path) -> dict | None:
                                               and all(type(v[k]) is int and v[k] >= 0 for k in ("size", "crc32c"))
                                               for v in files.values()):
         return None
-    step, world = marker.get("step"), marker.get("world_size")
+    step, world = marker.get("step"), marker.get("world_size", 1)
     if not (type(step) is int and 0 <= step < MAX_STEP and type(world) is int and 1 <= world <= MAX_WORLD):
         return None
     return marker
