@@ -50,7 +50,7 @@ def gpt_neox_config(folder: Path, flag: str = ""):
 
 def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     """{name: shape} of the model weights a folder holds, read from file headers (no tensor is loaded)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     folder = Path(folder)
     if (folder / ".metadata").is_file():  # our step folders (DCP)
@@ -80,8 +80,11 @@ def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
             if not index.is_file():
                 return {}  # no safetensors weights at all: the caller says what the folder lacks
             raise PiconeoxError(f"{index} names {name[:100]!r}, which is not a file of {folder}")
-        with safe_open(folder / name, "pt") as f:
-            shapes.update({key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})
+        try:
+            with safe_open(folder / name, "pt") as f:
+                shapes.update({key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})
+        except SafetensorError as e:  # a file the index names that is not safetensors
+            raise PiconeoxError(f"{folder / name}: not a safetensors file ({first_line(e, 200)})") from None
     return shapes
 
 
