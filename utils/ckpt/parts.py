@@ -119,8 +119,15 @@ class Registry:
         """Put every part back as `folder` holds it; every rank must call this (the sharded load is a collective).
         A small part's file is read (through the allowlist) even when this run has no such part: a checkpoint
         with a refused file is refused whole."""
-        states = self.read_parts(folder)  # every small file checked before anything large is loaded
-        rng = read_rng(folder, self.rank)
+        from utils.distributed import all_gather_object
+
+        states, rng, error = {}, None, None
+        try:  # every small file checked before anything large is loaded
+            states, rng = self.read_parts(folder), read_rng(folder, self.rank)
+        except PiconeoxError as e:  # every rank learns it before the sharded load: none waits there for a rank gone
+            error = f"rank {self.rank}: {e}" if self.world_size > 1 else str(e)
+        if errors := [e for e in all_gather_object(error) if e]:
+            raise PiconeoxError(errors[0])
         load_sharded(folder, self.model, self.optimizer)
         self.load_sharded_parts(folder)
         for name, state in states.items():
