@@ -9,8 +9,8 @@
 # the last 10% val (prepare_data.py --val-split tail), char tokenizer: nanoGPT's 65 characters plus <|endoftext|>.
 # Model and schedule: the shakespeare-char preset (4 layers x 4 heads x 128 embd, block 64,
 # batch 12, 2000 iters, lr 1e-3 with 100 warmup and cosine to 1e-4, beta2 0.99, no dropout), run with eager attention
-# and medium float32 matmul precision (the preset's; README, Presets). Then shakespeare-char-fast, the time-to-quality
-# recipe (README, Presets), on the same text: each of our runs is timed as a user waits for it (prepare + train.py,
+# and medium float32 matmul precision (the preset's; docs/runs.md, Presets). Then shakespeare-char-fast, the time-to-quality
+# recipe (docs/runs.md, Presets), on the same text: each of our runs is timed as a user waits for it (prepare + train.py,
 # start-up, evals, saves and the final sample included).
 # Val loss is estimated as nanoGPT's estimate_loss does (random 64-token windows of val, here 200 batches
 # of 12 with a fixed seed) and over all of val in consecutive blocks. Wall time: prepare + train, end to end.
