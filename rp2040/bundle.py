@@ -35,10 +35,10 @@ def runtime_files() -> dict[str, Path]:
 
 def model_files(model_dir: Path) -> dict[str, Path]:
     """Device path -> host file of an exported model; refuses a directory missing any of them."""
-    from utils.storage.base import no_link_below
+    from utils.ckpt.format import regular_file
 
     model_dir = Path(model_dir)
-    paths = {n: no_link_below(model_dir, n) for n in MODEL_FILES}  # regular files only: never a link, never a FIFO
+    paths = {n: regular_file(model_dir, n) for n in MODEL_FILES}  # regular files only: never a link, never a FIFO
     missing = [n for n, p in paths.items() if not p.is_file()]
     if missing:
         raise PiconeoxError(f"{model_dir} is missing {', '.join(missing)}: export it first with "

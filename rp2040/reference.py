@@ -160,10 +160,11 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
     """Mean next-token loss on `text` (windows of the model's context) of the integer reference and of
     PyTorch float32 on the checkpoint it was exported from."""
     import torch
+    from tokenizers import Tokenizer
 
     from rp2040.bundle import check_model
+    from utils.ckpt.hf_folder import tokenizer_problem
     from utils.ckpt.load import load_model
-    from utils.data.tokenizers import read_tokenizer
 
     config = read_json(Path(model_dir) / "config.json", "the model's")
     checkpoint = Path(checkpoint or config["source"])
@@ -178,8 +179,9 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
         raise PiconeoxError(f"--checkpoint {checkpoint} is another model (vocab, hidden, layers, heads {theirs}) than "
                             f"{model_dir} ({(h.vocab, h.hidden, h.layers, h.heads)}): pass the checkpoint it was "
                             "exported from")
-    tok = read_tokenizer(checkpoint / "tokenizer.json", "--checkpoint", h.vocab)
-    ids = tok.encode(text, add_special_tokens=False).ids
+    if why := tokenizer_problem(checkpoint / "tokenizer.json", h.vocab):  # its pipeline and count, before it is built
+        raise PiconeoxError(f"--checkpoint {why}")
+    ids = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(text, add_special_tokens=False).ids
     ids = ids[:max_tokens + 1]
     ctx = ref.h.context
     windows = [ids[i:i + ctx] for i in range(0, len(ids) - 1, ctx - 1) if len(ids[i:i + ctx]) > 1]

@@ -12,18 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run
-from utils.ckpt.format import MARKER, manifest, read_marker, write_marker
+from tests.support.hostile_checkpoints import remark
+from tests.support.paths import REPO
+from tests.support.training import run
+from utils.ckpt.format import MARKER, read_marker
 from utils.errors import PiconeoxError
 
 STEP = "step-00000010"
-
-
-def remark(folder: Path) -> None:
-    """A COMPLETE marker over what the folder now holds (anyone can write one)."""
-    marker = json.loads((folder / MARKER).read_text())
-    names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != MARKER)
-    write_marker(folder, marker["step"], marker["world_size"], manifest(folder, names))
 
 
 def one_error_line(err: str, *words: str) -> None:
@@ -117,7 +112,7 @@ def test_a_fifo_in_a_local_bucket_or_an_input_glob_is_refused(tmp_path, tiny_dat
 @pytest.fixture(scope="module")
 def pico(tmp_path_factory) -> Path:
     from rp2040.export import export
-    from tests.rp2040_models import save_checkpoint
+    from tests.support.rp2040_models import save_checkpoint
 
     root = tmp_path_factory.mktemp("pico")
     export(save_checkpoint("rp2040-speed", root / "ckpt")[0], root / "model", "int8")

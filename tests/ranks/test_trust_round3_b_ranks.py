@@ -2,40 +2,26 @@
 line; no rank waits in the sharded load for a rank that has gone (main: rank 0's gloo traceback came first)."""
 import json
 import os
-import signal
-import subprocess
 
-from tests.conftest import REPO, TINY
-from utils.ckpt.format import MARKER, manifest, write_marker
-
-
-def start(tmp_path, data, *extra) -> subprocess.CompletedProcess:
-    """./start_training.sh with FSDP2 over 2 gloo ranks; a run past 300 s is killed whole (a hang fails here)."""
-    cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", "2", "--accelerate-config",
-           str(REPO / "configs" / "accelerate" / "fsdp_production.yaml"), "--data", str(data), "--", *TINY,
-           "--batch-size", "1", "--run-name", "run", "--output-dir", str(tmp_path / "ckpt"), "--log-dir",
-           str(tmp_path / "logs"), "--eval-every", "4", "--sample-prompt", "", *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PICONEOX_CPU_FSDP": "1"}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, env=env)
-    try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError(f"hung: {proc.communicate()[1][-3000:]}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+from tests.support.hostile_checkpoints import remark
+from tests.support.paths import REPO
+from tests.support.ranks import TINY, launch, run_bounded
+from utils.ckpt.format import step_dir_name
 
 
 def test_one_ranks_refused_file_is_every_ranks_one_line(tmp_path, tiny_data):
-    first = start(tmp_path, tiny_data, "--max-steps", "2", "--save-every", "2")
-    assert first.returncode == 0, first.stderr[-3000:]
-    folder = tmp_path / "ckpt" / "run" / "step-00000002"
+    launch(tmp_path, tiny_data, 2, 1, "--max-steps", "2", "--save-every", "2", "--eval-every", "2", fsdp=True)
+    folder = tmp_path / "ckpt" / "run" / step_dir_name(2)
     rng = json.loads((folder / "rng-00001.json").read_text())
     (folder / "rng-00001.json").write_text(json.dumps({**rng, "torch": "00ff"}))  # only rank 1 reads it
-    marker = json.loads((folder / MARKER).read_text())
-    write_marker(folder, marker["step"], marker["world_size"], manifest(folder, sorted(marker["files"])))
-    (tmp_path / "again").mkdir()
-    resumed = start(tmp_path / "again", tiny_data, "--max-steps", "4", "--resume", str(folder))
+    remark(folder)
+    again = tmp_path / "again"
+    again.mkdir()
+    cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", "2", "--accelerate-config",
+           str(REPO / "configs" / "accelerate" / "fsdp_production.yaml"), "--data", str(tiny_data), "--", *TINY,
+           "--batch-size", "1", "--run-name", "run", "--output-dir", str(again / "ckpt"), "--log-dir",
+           str(again / "logs"), "--max-steps", "4", "--resume", str(folder)]
+    resumed = run_bounded(cmd, 300, cwd=again, env={**os.environ, "OMP_NUM_THREADS": "1", "PICONEOX_CPU_FSDP": "1"})
     errors = [line for line in resumed.stderr.splitlines() if line.startswith("error: ")]
     assert resumed.returncode == 2 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
     assert errors and all("rank 1: " in e and "rng-00001.json: not an RNG state" in e for e in errors), errors
