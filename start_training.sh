@@ -51,6 +51,11 @@ groups reach the other machines. A name that resolves to loopback here (machine 
 runs every machine on this host (a test). On GPUs
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set unless PYTORCH_CUDA_ALLOC_CONF is already set.
 
+Inside a Slurm job step (configs/slurm/train.sbatch: one launcher per node) the allocation sets --num-machines,
+--machine-rank, --main-process-ip (the first node's NodeAddr), a port derived from the job id, and --gpus
+(SLURM_GPUS_ON_NODE / SLURM_GPUS_PER_NODE); Kubernetes torch jobs' MASTER_ADDR, MASTER_PORT, WORLD_SIZE or
+PET_NNODES, and NODE_RANK / RANK do the same. A flag that contradicts them is an error (docs/clusters.md).
+
 Test hooks: PICONEOX_FAKE_GPUS=N pretends N CUDA GPUs are visible (to check GPU lines on a CPU box);
 PICONEOX_CPU_FSDP=1 shards for real over gloo when an FSDP --accelerate-config runs on CPU (--procs N, also 1).
 EOF
@@ -97,12 +102,20 @@ while [ $# -gt 0 ]; do
       need_int "$opt" "$val"; [ "$val" -ge 1 ] && [ "$val" -le 65535 ] || die "--main-process-port '$val' must be 1..65535"
       port=$val ;;
     --main-process-ip) ip=$val ;;
-    --accelerate-config) [ -f "$val" ] || die "--accelerate-config '$val' does not exist"; acc_config=$val ;;
+    --accelerate-config) acc_config=$val ;;  # checked below, once --gpus is known
   esac
   shift 2
 done
 extra_args=("$@")
 [[ " ${train_args[*]} " == *" --config "* ]] || die "missing --config NAME (see --help)"
+
+# Inside a Slurm job step or a Kubernetes torch job the scheduler's allocation fills the machine flags (and --gpus
+# on Slurm); a flag that contradicts it is one error line (utils/run/allocation.py).
+if [ -n "${SLURM_JOB_ID:-}${MASTER_ADDR:-}${PET_MASTER_ADDR:-}" ]; then
+  alloc=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.run.allocation "$machines" "$rank" "$ip" \
+    "$port" "$gpus") || exit $?
+  { read -r machines; read -r rank; read -r ip; read -r port; read -r gpus; } <<< "$alloc"
+fi
 
 # How many CUDA GPUs the run can use: what torch sees (CUDA_VISIBLE_DEVICES applies). nvidia-smi only
 # explains a zero: GPUs present but a CPU-only torch build, or no driver at all.
@@ -133,6 +146,12 @@ fi
 [ "$gpus" -le "$present" ] || die "--gpus $gpus asked but only $present CUDA GPU(s) are visible"
 [ "$gpus" -gt 0 ] && [ -n "$procs" ] && [ "$procs" -ne 1 ] \
   && die "--procs $procs is for CPU runs (--gpus 0); on GPUs there is one process per GPU"
+
+# not YAML, empty, a DeepSpeed config, gpu_ids on a CPU run: one line here, not accelerate's traceback later
+if [ -n "$acc_config" ]; then
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.preflight accelerate-config "$acc_config" "$gpus" \
+    || exit $?
+fi
 
 machines=${machines:-1}
 if [ "$machines" -gt 1 ]; then
@@ -200,7 +219,7 @@ launch+=(--dynamo_backend no)
 # reach, not to whatever the hostname resolves to (often 127.0.1.1): on machine 0 the one holding --main-process-ip,
 # elsewhere the one routing to it, never lo. A name resolving to loopback here is refused (utils/run/network.py).
 # A GLOO_SOCKET_IFNAME the user set wins.
-if [ "$machines" -gt 1 ] && [ -z "${GLOO_SOCKET_IFNAME:-}" ]; then
+if [ "$machines" -gt 1 ]; then  # checks the address; prints nothing when GLOO_SOCKET_IFNAME is set
   ifname=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.run.network "$ip") || exit $?
   [ -n "$ifname" ] && envs+=("GLOO_SOCKET_IFNAME=$ifname")
 fi
@@ -221,7 +240,9 @@ fi
 # processes join it, and it is removed once this script and all of them are gone (on every exit path).
 export PICONEOX_RUN_LOCK_OWNER=$$
 if [ "$machines" -gt 1 ]; then export PICONEOX_MACHINE_RANK=$rank; fi
-lock_note=$(mktemp "${TMPDIR:-/tmp}/piconeox-lock.XXXXXX")
+# in TMPDIR, or where Python's tempfile falls back to when it is missing, read-only or full (then the run uses it too)
+lock_note=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.preflight temp-note) || exit $?
+[ -n "${TMPDIR:-}" ] && export TMPDIR="${lock_note%/*}"
 release_lock() {
   local lock
   lock=$(cat "$lock_note" 2>/dev/null || true)

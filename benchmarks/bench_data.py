@@ -7,6 +7,7 @@ of a ~10M-parameter GPT-NeoX consumes at batch 8 x seq 256 (so data loading neve
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -24,6 +25,7 @@ from utils.data.prepare import prepare  # noqa: E402
 from utils.data.demo_corpus import generate_stories  # noqa: E402
 from utils.data.loader import BlockLoader  # noqa: E402
 from utils.data.shards import read_manifest  # noqa: E402
+from utils.errors import CliParser, cli  # noqa: E402
 
 BATCH, SEQ = 8, 256
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
@@ -90,7 +92,10 @@ def bench_train_step(vocab_size: int, steps: int = 3) -> float:
     return rate
 
 
-def main() -> None:
+@cli
+def main(argv=None) -> int:
+    CliParser(prog="bench_data.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+              ).parse_args(argv)  # no options: --help explains, anything else is one error line
     bench_demo()
     with tempfile.TemporaryDirectory() as tmp:
         demo = bench_tokenize(Path(tmp))
@@ -98,7 +103,8 @@ def main() -> None:
         step_rate = bench_train_step(read_manifest(demo).vocab_size)
     ratio = loader_rate / step_rate
     print(f"ratio loader / train step: {ratio:,.0f}x (goal >= 50x: {'met' if ratio >= 50 else 'NOT met'})")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -77,6 +77,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=at_least(1), default=40, help="timed steps per pair per round")
     args = p.parse_args(argv)
     presets = [name.strip() for name in args.presets.split(",") if name.strip()]
+    if not presets:
+        raise PiconeoxError(f"--presets {args.presets!r} names no preset: give comma-separated names, e.g. pico-best")
     for name in presets:
         if name not in PRESET_NAMES or name == "production":
             raise PiconeoxError(f"--presets: {name!r} is not a CPU-sized preset; allowed: "

@@ -18,18 +18,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from configs.presets import preset_list  # noqa: E402
+from configs.presets import PRESET_NAMES, preset_list  # noqa: E402
 from rp2040 import emulate  # noqa: E402
 from rp2040.export import export  # noqa: E402
 from tests.support.rp2040_models import save_checkpoint  # noqa: E402  (the tests' wide random init)
 from utils.errors import CliParser, PiconeoxError, at_least, cli  # noqa: E402
 
 
+def pico_presets(text: str) -> list[str]:
+    """An argparse `type`: comma-separated presets that an RP2040 holds (the rp2040-* and pico-* ones)."""
+    import argparse
+
+    names = preset_list(text)
+    allowed = [n for n in PRESET_NAMES if n.startswith(("rp2040-", "pico-"))]
+    if unfit := [n for n in names if n not in allowed]:
+        raise argparse.ArgumentTypeError(f"{unfit[0]!r} is not a Pico-sized preset; allowed: {', '.join(allowed)}")
+    return names
+
+
 @cli
 def main(argv=None) -> int:
     ap = CliParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=at_least(1), default=8, help="tokens generated per model (default 8)")
-    ap.add_argument("--presets", type=preset_list, default="rp2040-speed,rp2040-optimized,rp2040-quality")
+    ap.add_argument("--presets", type=pico_presets, default="rp2040-speed,rp2040-optimized,rp2040-quality")
     ap.add_argument("--dtypes", default="int8,f32")
     ap.add_argument("--prompt", default=emulate.DEFAULT_PROMPT)
     ap.add_argument("--firmware", type=Path)

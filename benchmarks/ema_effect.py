@@ -26,19 +26,26 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from configs.presets import PRESET_NAMES  # noqa: E402
-from utils.errors import CliParser, cli  # noqa: E402
+from configs.presets import PRESET_NAMES, resolve_config  # noqa: E402
+from utils.errors import CliParser, PiconeoxError, cli  # noqa: E402
 
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+
+
+def checked_run(cmd: list[str], what: str) -> None:
+    """Run `cmd` in the repository; its failure is one line (its own error line), not a CalledProcessError."""
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PiconeoxError(f"{what} failed (exit {done.returncode}): {last.removeprefix('error: ')}")
 
 
 def data_for(preset: str, root: Path) -> str:
     if not preset.startswith("shakespeare"):
         return "demo"
     if not (root / "data" / "shakespeare").is_dir():
-        subprocess.run([sys.executable, "prepare_data.py", str(SHAKESPEARE), "--name", "shakespeare", "--out-dir",
-                        str(root / "data"), "--tokenizer", "char", "--val-split", "tail"], cwd=REPO, check=True,
-                       capture_output=True)
+        checked_run([sys.executable, "prepare_data.py", str(SHAKESPEARE), "--name", "shakespeare", "--out-dir",
+                     str(root / "data"), "--tokenizer", "char", "--val-split", "tail"], "preparing Tiny Shakespeare")
     return str(root / "data" / "shakespeare")
 
 
@@ -49,7 +56,7 @@ def one_run(preset: str, decay: float, root: Path, sets: list[str]) -> dict:
     for kv in sets:
         cmd += ["--set", kv]
     start = time.monotonic()
-    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
+    checked_run(cmd, f"the run {name}")
     wall = time.monotonic() - start
     history = json.loads((root / "logs" / name / "history.json").read_text())
     last = [h for h in history if "val/loss" in h][-1]
@@ -100,6 +107,12 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--update-cost", action="store_true", help="only time an EMA update against a bare step")
     args = p.parse_args(argv)
+    if bad := [kv for kv in args.set if "=" not in kv]:
+        p.error(f"--set {bad[0]!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=100")
+    overrides = dict(kv.split("=", 1) for kv in args.set)
+    for preset in args.presets:  # every setting, before the first run trains for minutes
+        for decay in args.decays:
+            resolve_config(preset, None, {**overrides, "train.ema_decay": decay})
     if args.update_cost:
         for preset in args.presets:
             print(json.dumps(update_cost(preset)), flush=True)

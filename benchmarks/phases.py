@@ -47,7 +47,7 @@ from utils.report import metrics, progress, summary  # noqa: E402,F401
 from utils.ckpt import resume, uploader  # noqa: E402,F401
 from utils.data import source  # noqa: E402
 from utils.data.shards import read_manifest  # noqa: E402
-from utils.errors import CliParser, cli  # noqa: E402
+from utils.errors import CliParser, PiconeoxError, cli  # noqa: E402
 
 T_IMPORTS = now()
 spent: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
@@ -93,8 +93,24 @@ def run_train(argv: list[str]) -> int:
     return 0
 
 
+def prepare_text(text: Path, tc, tmp: Path) -> tuple[str, list]:
+    """prepare_data.py on `text` (absolute: it runs in the repository) in a subprocess, its own start-up timed
+    too: (the dataset folder, its row of the table)."""
+    start, child = time.perf_counter(), os.times()
+    vocab = ["--vocab-size", str(tc.tokenizer_vocab)] if tc.tokenizer_vocab else []
+    done = subprocess.run([sys.executable, "prepare_data.py", str(text), "--name", "d", "--out-dir", f"{tmp}/data",
+                           "--tokenizer", tc.tokenizer, *vocab, "--val-split", "tail"], cwd=REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:  # prepare_data.py's own error line, not a CalledProcessError traceback
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PiconeoxError(f"preparing {text} failed: {last.removeprefix('error: ')}")
+    after = os.times()
+    cpu = after.children_user + after.children_system - child.children_user - child.children_system
+    return f"{tmp}/data/d", [("data prep (prepare_data.py subprocess)", [time.perf_counter() - start, cpu])]
+
+
 @cli
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", help="a text file, or demo (the built-in stories, prepared inside the run)")
     p.add_argument("--config", default="shakespeare-char")
@@ -105,6 +121,9 @@ def main(argv=None) -> None:
         p.error(f"--set {bad[0]!r}: expected SECTION.KEY=VALUE, e.g. train.max_steps=100")
     cfg = resolve_config(args.config, None, dict(kv.split("=", 1) for kv in args.set))
     demo = args.text == "demo"
+    if not demo and not Path(args.text).is_file():
+        raise PiconeoxError(f"{args.text}: {'not a file' if Path(args.text).exists() else 'no such file'} (give a "
+                            "text file, or demo)")
     timed(source, "local_dataset", "data check/load" + (" (demo prepared on first use)" if demo else ""))
     timed(lm, "evaluate", "evals")
     timed(Registry, "capture", "saves (blocking copy)")
@@ -120,20 +139,15 @@ def main(argv=None) -> None:
             os.chdir(tmp)  # demo data goes to ./data: a fresh folder, so it is prepared as on a fresh clone
             data = tmp + "/data/" + source.data_name(cfg.train)
         else:
-            start, child = time.perf_counter(), os.times()
-            vocab = ["--vocab-size", str(cfg.train.tokenizer_vocab)] if cfg.train.tokenizer_vocab else []
-            subprocess.run([sys.executable, "prepare_data.py", args.text, "--name", "d", "--out-dir", f"{tmp}/data",
-                            "--tokenizer", cfg.train.tokenizer, *vocab, "--val-split", "tail"], cwd=REPO, check=True,
-                           stdout=subprocess.DEVNULL)
-            after = os.times()
-            cpu = after.children_user + after.children_system - child.children_user - child.children_system
-            prep = [("data prep (prepare_data.py subprocess)", [time.perf_counter() - start, cpu])]
-            data = f"{tmp}/data/d"
+            data, prep = prepare_text(Path(args.text).absolute(), cfg.train, Path(tmp))
         flags = [f for kv in args.set for f in ("--set", kv)]
         prompt = args.sample_prompt or (RunSettings.sample_prompt if demo else "ROMEO:")
         start = now()
-        assert run_train(["--config", args.config, "--data", "demo" if demo else data, "--output-dir", f"{tmp}/ckpt",
-                          "--log-dir", f"{tmp}/logs", "--run-name", "r", "--sample-prompt", prompt, *flags]) == 0
+        code = run_train(["--config", args.config, "--data", "demo" if demo else data, "--output-dir", f"{tmp}/ckpt",
+                          "--log-dir", f"{tmp}/logs", "--run-name", "r", "--sample-prompt", prompt, *flags])
+        if code:
+            os.chdir(REPO)  # as after a run (demo runs inside tmp)
+            return code  # train.py printed its one error line
         total = since(start)
         vocab_size = read_manifest(data).vocab_size
         os.chdir(REPO)

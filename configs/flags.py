@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from configs.presets import PRESET_NAMES
 from configs.run import RunSettings
-from utils.errors import CliParser, PiconeoxError
+from utils.errors import CliParser, PiconeoxError, at_least
 
 # Shortcuts for the most used train.* settings (same as --set train.KEY=VALUE).
 SHORTCUTS = {
@@ -37,7 +37,8 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
                    "data/gcs-cache/<host>/, print that folder and exit (start_training.sh runs it once per machine)")
     p.add_argument("--print-sharding", action="store_true", help="print fsdp or ddp, what start_training.sh launches "
                    "on --gpus GPUs in all without --accelerate-config (from the model's size), then exit")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs assumed by --print-plan and --print-sharding (default 1)")
+    p.add_argument("--gpus", type=at_least(0), default=1,
+                   help="GPUs assumed by --print-plan and --print-sharding (default 1)")
     p.add_argument("--processes", type=int, metavar="N", help="with --preflight: the training processes the launch "
                    "starts (the global batch must divide over them; start_training.sh passes it)")
     p.add_argument("--no-background-upload", dest="background_upload", action="store_const", const="false",

@@ -10,6 +10,7 @@ Emulation costs ~10 s of wall time per emulated second: mpremote copies ~5 KB/s 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 0 <= args.port <= 65535:
         raise PiconeoxError(f"--port {args.port} is not a TCP port (0-65535)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a service's stop: the board is shut down, exit 0
     with EmulatedPico(port=args.port, firmware=args.firmware, bootrom=args.bootrom) as pico:
         print(f"emulated Pico on {pico.url}: python -m rp2040.flash models/<name> --mpy --port {pico.url}\n"
               "type reset + Enter to reset it, Ctrl-C to stop", flush=True)
@@ -104,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             if line.strip() == "reset":
                 pico.reset()
                 print("reset", flush=True)
-    return 0
+        # no more input (nohup, a script, a service: stdin is /dev/null): the board serves on until a signal
+        print("stdin closed: serving until Ctrl-C or SIGTERM (reset needs a terminal)", flush=True)
+        pico.proc.wait()
+        raise PiconeoxError(f"the emulated Pico stopped: {' '.join(pico.proc.stderr.read().split())[-300:]}")
 
 
 if __name__ == "__main__":

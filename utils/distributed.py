@@ -57,9 +57,14 @@ def make_accelerator(mixed_precision: str, cuda: bool, timeout_minutes: float):
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
+    from utils.run.launch_env import check_launch_env
+    from utils.run.network import check_gloo_ifname
     from utils.sharding import use_hsdp
 
     check_timeout(timeout_minutes)
+    if notice := check_launch_env():
+        print(notice, file=sys.stderr, flush=True)
+    check_gloo_ifname(os.environ.get("GLOO_SOCKET_IFNAME"))
     if mixed_precision == "fp16" and not cuda:
         raise PiconeoxError("--mixed-precision fp16 needs a CUDA GPU; on CPU use bf16 or no")
     plugin = fsdp_plugin(mixed_precision)

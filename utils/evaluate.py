@@ -64,10 +64,31 @@ def task_manager(tasks: list[str], include_path: str | None):
     manager = TaskManager(include_path=include_path)
     for task in tasks:
         if task not in manager.all_tasks:
+            if broken := include_path and skipped_task_files(Path(include_path)):
+                raise PiconeoxError(f"--tasks {task}: not an lm-eval task; lm-eval skipped "
+                                    f"{len(broken)} file(s) of --include-path {include_path}: {broken[0]}")
             close = difflib.get_close_matches(task, manager.all_tasks, n=3)
             raise PiconeoxError(f"--tasks {task}: not an lm-eval task{f' (did you mean {close})' if close else ''}; "
                                 "list them with `.venv/bin/lm-eval ls tasks`")
     return manager
+
+
+def skipped_task_files(folder: Path) -> list[str]:
+    """'file: why' for each task YAML under `folder` that lm-eval's index skips without a word (it logs the
+    reason at debug level): a YAML error, or no `task:`/`group:` key."""
+    try:
+        from lm_eval.tasks._index import TaskIndex
+        from lm_eval.tasks._yaml_loader import load_yaml
+    except ImportError:  # another lm-eval layout: only the plain "not an lm-eval task" line
+        return []
+    broken = []
+    for path in TaskIndex._iter_yaml_files(folder):
+        try:
+            TaskIndex._kind_of(load_yaml(path, resolve_func=False, recursive=True))
+        except Exception as e:  # what lm-eval's index catches
+            why = "no `task:` or `group:` key" if "Unknown config shape" in str(e) else " ".join(str(e).split())[:200]
+            broken.append(f"{path.relative_to(folder)}: {why}")
+    return broken
 
 
 def run_tasks(lm, tasks: list[str], manager, limit: int | None, num_fewshot: int | None, seed: int) -> dict:

@@ -28,6 +28,7 @@ def push(run_dir: Path, bucket_root: str, credentials: str | None) -> str:
     """Upload the newest complete local checkpoint of `run_dir`; returns the bucket folder that now holds it."""
     if not run_dir.is_dir():
         raise PiconeoxError(f"{run_dir}: no such run folder (pass checkpoints/<run>)")
+    run_dir = run_dir.resolve()  # `.` from inside the run folder: its name is the bucket folder's
     newest = latest_complete(run_dir, warn=lambda _: None)
     if newest is None:
         raise PiconeoxError(f"{run_dir}: no complete step-XXXXXXXX checkpoint to upload")

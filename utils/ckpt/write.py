@@ -14,8 +14,8 @@ from typing import Iterator
 import torch
 
 from utils.atomic import atomic_write_json
-from utils.ckpt.format import (DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, manifest, read_marker, regular_file,
-                               rng_name, write_marker)
+from utils.ckpt.format import (DCP_INDEX, MARKER, STEP_RE, WEIGHTS_FILE, check_complete, manifest, read_marker,
+                               regular_file, rng_name, write_marker)
 from utils.ckpt.load import checked, read_weights
 from utils.ckpt.state import Snapshot, rng_to_json, tensor_bytes, tensor_leaves
 from utils.errors import PiconeoxError
@@ -153,16 +153,42 @@ def is_consolidated(folder: Path) -> bool:
         not any(p.is_dir() for p in folder.iterdir())
 
 
+def check_consolidate_out(out: Path) -> None:
+    """Refuse an --out that is part of a run's checkpoints: a folder inside a checkpoint (rotation or the next
+    save deletes it with that checkpoint) or a run's own final/, best/ or step folder (replacing it with
+    from_pretrained weights loses the state a --resume needs)."""
+    out = Path(os.path.abspath(out))  # `..` collapsed, links kept (a link into a checkpoint is caught below)
+    for parent in out.parents:
+        if (parent / MARKER).is_file() or (parent / DCP_INDEX).is_file() or STEP_RE.match(parent.name):
+            raise PiconeoxError(f"--out {out} is inside the checkpoint {parent}, which is deleted or replaced as a "
+                                "whole (rotation, a later save): choose a folder outside the run's checkpoints, "
+                                "e.g. models/NAME")
+    try:
+        run_folder = any(STEP_RE.match(p.name) for p in out.parent.iterdir())
+    except OSError:  # no such folder (yet), or unreadable: check_output_dir says which
+        run_folder = False
+    owned = out.name in ("final", "best") or out.name.startswith(".")  # and the run's temporaries: .step-N.tmp
+    if (out / DCP_INDEX).is_file() or STEP_RE.match(out.name) or (run_folder and owned):
+        raise PiconeoxError(f"--out {out} is one of the run's own checkpoints in {out.parent} (what --resume and "
+                            "generate read; rotation deletes step folders): choose a folder outside the run's "
+                            "checkpoints, e.g. models/NAME")
+
+
 def consolidate(folder: Path, out: Path, weights: str | None = None) -> Path:
     """Write `folder`'s weights (`weights`: a sharded part's instead, e.g. "ema") as a from_pretrained folder
     `out` (atomically, marker last)."""
     folder, out = Path(folder), Path(out)
     if out.resolve() == folder.resolve():
         raise PiconeoxError(f"--out {out}: must differ from the checkpoint folder")
+    check_consolidate_out(out)
     check_output_dir(out, "--out", is_consolidated, "a consolidated checkpoint")
     checked(folder)
+    if not (folder / DCP_INDEX).is_file() and (folder / WEIGHTS_FILE).is_file():
+        raise PiconeoxError(f"{folder} is consolidated already (its {WEIGHTS_FILE} loads with from_pretrained as it "
+                            "is): copy the folder, or consolidate a step-XXXXXXXX or final/ folder")
     marker = read_marker(folder)
-    with atomic_dir(out) as tmp:  # everything is written beside --out: nothing next to the input checkpoint
+    # safetensors reports a full disk as its own SafetensorError, which the CLI's ENOSPC net does not catch
+    with one_line_when_full(out.absolute().parent, f"--out {out}"), atomic_dir(out) as tmp:
         write_consolidated(folder, tmp, weights)
         for name in marker["files"]:  # the tokenizer and the small json states travel along: listed files only
             if name.startswith(("tokenizer", "special_tokens")) or (name.endswith(".json") and name != "config.json"):

@@ -51,10 +51,22 @@ WANDB_LOGIN_HINT = ("; log in with `wandb login` or WANDB_API_KEY, or set WANDB_
                     "`wandb sync`")
 
 
+WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run", "shared")  # wandb's Settings.mode (case matters)
+
+
+def check_wandb_mode() -> str:
+    """WANDB_MODE when W&B takes it (it fails with a "validation error for Settings" that does not name it)."""
+    mode = os.environ.get("WANDB_MODE")
+    if mode is not None and mode not in WANDB_MODES:  # set but empty fails in W&B too
+        raise PiconeoxError(f"--report-to wandb: WANDB_MODE={mode!r} is not a W&B mode; allowed: "
+                            f"{', '.join(WANDB_MODES)} (or unset it for online)")
+    return mode or "online"
+
+
 def check_wandb_login() -> None:
     """--report-to wandb, before the launch: W&B must start without a prompt, so offline/disabled mode or a key
     for its host (WANDB_API_KEY, `wandb login`'s ~/.netrc), found as wandb.init finds it (the key is not sent)."""
-    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+    if check_wandb_mode() in ("offline", "disabled", "dryrun"):
         return
     try:
         import wandb
@@ -78,6 +90,7 @@ def make_tracker(name: str, log_dir: Path, purge_step: int | None, run_id: str |
     if name == "tensorboard":  # events straight into logs/<run>/; a resume drops the interrupted run's tail
         return TensorBoardTracker(run, log_dir.parent, purge_step=purge_step)
     if name == "wandb":
+        check_wandb_mode()
         return WandBTracker(os.environ.get("WANDB_PROJECT", "piconeox"), name=run, id=run_id, resume="allow",
                             dir=os.environ.get("WANDB_DIR") or str(log_dir))
     cls = LOGGER_TYPE_TO_CLASS[name]

@@ -7,12 +7,14 @@ elsewhere the one whose route reaches it; never `lo`. A --main-process-ip that i
 here (machine 0's own name in /etc/hosts) is refused: the other machines see another address. A loopback
 address written as such (127.0.0.1) means every machine is this host (a test): gloo's default then works.
 
-    python -m utils.run.network HOST     prints the interface (nothing when none is needed), or one error line
+    python -m utils.run.network HOST     prints the interface (nothing when none is needed or GLOO_SOCKET_IFNAME
+                                         is set), or one error line for a HOST no machine can dial
 """
 from __future__ import annotations
 
 import fcntl
 import ipaddress
+import os
 import socket
 import struct
 import sys
@@ -59,6 +61,48 @@ def _is_address(host: str) -> bool:
         return False
 
 
+def check_main_process_ip(host: str, dns_may_lag: bool = False) -> bool:
+    """Refuse, before the launch, a --main-process-ip no machine can dial: one with a port, a dotted quad that
+    is no IPv4 address (999.1.1.1), a name that does not resolve here. With `dns_may_lag` (the name came from a
+    scheduler's MASTER_ADDR: a Kubernetes service name resolves only once the master pod is up) an unresolved
+    name is a warning, and False is returned; True when the name resolves or is an address."""
+    flag = f"--main-process-ip {host!r}"
+    if not host.strip():
+        raise PiconeoxError(f"{flag} is empty: give machine 0's address, e.g. 10.0.0.1")
+    name, colon, port = host.rpartition(":")
+    if colon and port.isdigit() and not _is_address(host):
+        raise PiconeoxError(f"{flag} carries a port: pass --main-process-ip {name.strip('[]')} "
+                            f"--main-process-port {port}")
+    if _is_address(host):
+        if ipaddress.ip_address(host).is_unspecified or ipaddress.ip_address(host).is_multicast:
+            raise PiconeoxError(f"{flag} is no machine's address (unspecified or multicast): give machine 0's "
+                                "address as the other machines reach it, e.g. 10.0.0.1")
+        return True
+    if all(part.isdigit() for part in host.split(".")):
+        raise PiconeoxError(f"{flag} is not an IPv4 address (four numbers 0-255, e.g. 10.0.0.1)")
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError) as e:
+        if dns_may_lag:
+            print(f"warning: MASTER_ADDR {host} does not resolve yet ({getattr(e, 'strerror', None) or e}); "
+                  "the launch waits for it as the scheduler's other pods start", file=sys.stderr)
+            return False
+        raise PiconeoxError(f"{flag} does not resolve on this machine ({getattr(e, 'strerror', None) or e}): "
+                            "give machine 0's address (e.g. 10.0.0.1) or a name in DNS or /etc/hosts") from None
+    return True
+
+
+def check_gloo_ifname(value: str | None) -> None:
+    """Refuse a GLOO_SOCKET_IFNAME naming an interface this machine lacks (gloo raises in every rank)."""
+    if not value:  # unset or empty: gloo's default
+        return
+    names = {name for _, name in socket.if_nameindex()}
+    if missing := [n for n in value.split(",") if n.strip() not in names]:
+        raise PiconeoxError(f"GLOO_SOCKET_IFNAME={value!r} names no network interface of this machine "
+                            f"({missing[0]!r}); it has {', '.join(sorted(names))}: "
+                            "set one of those, or unset it (start_training.sh chooses one)")
+
+
 def gloo_interface(host: str) -> str | None:
     """The interface for GLOO_SOCKET_IFNAME on a job of several machines whose machine 0 is `host`; None when
     every machine is this host (`host` is a loopback address) or when nothing here resolves or routes to it.
@@ -87,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m utils.run.network MAIN_PROCESS_IP", file=sys.stderr)
         return 2
+    from_scheduler = argv[0] in (os.environ.get("MASTER_ADDR"), os.environ.get("PET_MASTER_ADDR"))
+    if not check_main_process_ip(argv[0], dns_may_lag=from_scheduler):
+        return 0  # nothing to route to yet: gloo picks the interface once the name resolves
+    if os.environ.get("GLOO_SOCKET_IFNAME"):  # the user's choice wins (checked by the preflight)
+        return 0
     name = gloo_interface(argv[0])
     if name:
         print(name)

@@ -93,6 +93,8 @@ def _guarded(folder: Path):
     without locks gets one warning line per process and no guard (per-machine lock names keep machines apart)."""
     if folder.exists() and not folder.is_dir():
         raise PiconeoxError(f"{folder} is a file, not the folder of run locks: move it away (no run uses it)")
+    if (folder / GUARD).is_dir():  # a folder, or a link to one
+        raise PiconeoxError(f"{folder / GUARD} is a folder, not the run locks' guard file: remove it (no run uses it)")
     while True:
         folder.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):

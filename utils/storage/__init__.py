@@ -12,6 +12,8 @@ server fails within that time instead of minutes per call.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from utils.errors import PiconeoxError
 from utils.storage.base import (PARTIAL_SUFFIX, ObjectExists, ObjectInfo, Storage, StorageError, in_flight,
                                 no_link_below, parse_gs_url, safe_relpath)
@@ -47,4 +49,16 @@ def open_storage(url: str, credentials: str | None = None, *, timeout_s: float =
     if not path or "://" in path:
         raise PiconeoxError(f"unsupported storage location {url!r}: use gs://bucket/prefix, file:///path or a "
                             "local path")
+    check_local_bucket(path)
     return LocalStorage(path)
+
+
+def check_local_bucket(path: str) -> None:
+    """A local bucket is a folder (made on the first write): refuse a path that is a file or lies under one, before
+    a run trains and then cannot upload."""
+    existing = Path(path).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "is a file" if existing == Path(path).absolute() else f"lies under the file {existing}"
+        raise PiconeoxError(f"bucket {path} {where}: a local bucket is a folder; choose another path")
