@@ -62,6 +62,9 @@ EOF
 }
 
 die() { echo "error: $*" >&2; exit 2; }
+# Until the launch, a stop signal ends this script (once the check in progress returns: bash runs traps only then;
+# without a trap a SIGINT to this script alone was dropped and the run started anyway).
+trap 'echo "error: interrupted before the training processes started; nothing was trained" >&2; exit 130' INT TERM HUP
 
 # A non-negative integer small enough for shell arithmetic, or die naming the flag.
 need_int() {

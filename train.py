@@ -264,7 +264,7 @@ def train(run: Run) -> str:
     """The loop: `train_step`, then whatever is due (log, eval, save). Returns why it ended."""
     import time as clock
 
-    from utils.distributed import shorten_timeout, timeouts_line
+    from utils.distributed import mesh_groups, shorten_timeout, timeouts_line
     from utils.run.preemption import StopVote
 
     tc, state = run.cfg.train, run.state
@@ -288,8 +288,9 @@ def train(run: Run) -> str:
         if state.step % GC_EVERY == 0:
             gc.collect(1)
         if state.step == first_step and run.accelerator.num_processes > 1:
-            shorten_timeout(run.cfg.run.step_timeout_minutes)
-            run.log.info(timeouts_line(run.accelerator, run.vote.group, run.ckpt.saver_group, first_step + 1))
+            mesh = mesh_groups(run.model)
+            shorten_timeout(run.cfg.run.step_timeout_minutes, mesh.values())
+            run.log.info(timeouts_line(run.accelerator, run.vote.group, run.ckpt.saver_group, first_step + 1, mesh))
         log_due = state.step % tc.log_every == 0 or state.step == tc.max_steps
         eval_due = state.step % tc.eval_every == 0 or state.step == tc.max_steps
         save_due = state.step % tc.save_every == 0
@@ -380,6 +381,7 @@ def finish(run: Run, reason: str) -> int:
         log.info(next_commands(run.cfg.preset, run.run_dir, stopped=run.vote.stopping,
                                last=None if tc.best_and_final else run.ckpt.step_folder(state.step)))
         run.metrics.close()
+    stop.outcome = code  # the run has ended: a signal from here on (a late Ctrl-C) changes nothing
     run.accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     run.accelerator.end_training()
     return code
@@ -406,7 +408,7 @@ def run(args) -> int:
     if args.print_plan:
         from configs.plan import format_plan, plan
 
-        print(format_plan(plan(cfg, gpus=args.gpus)))
+        print(format_plan(plan(cfg, gpus=args.gpus, machines=args.machines)))
         return 0
     with contextlib.ExitStack() as cleanup:
         r = setup(cfg, pretrained, cleanup, auto_batch=args.micro_batch_size == "auto")

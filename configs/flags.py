@@ -39,6 +39,8 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
                    "on --gpus GPUs in all without --accelerate-config (from the model's size), then exit")
     p.add_argument("--gpus", type=at_least(0), default=1,
                    help="GPUs assumed by --print-plan and --print-sharding (default 1)")
+    p.add_argument("--machines", type=at_least(1), default=1, help="machines the --gpus are spread over, for "
+                   "--print-plan (default 1); on several, FSDP2 runs as HSDP and shards over one machine's GPUs")
     p.add_argument("--processes", type=int, metavar="N", help="with --preflight: the training processes the launch "
                    "starts (the global batch must divide over them; start_training.sh passes it)")
     p.add_argument("--no-background-upload", dest="background_upload", action="store_const", const="false",

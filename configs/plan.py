@@ -24,6 +24,8 @@ seconds on a laptop. Memory is an estimate of the big terms, in bytes per GPU:
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 
 from configs.model import build_model, count_parameters
@@ -113,6 +115,8 @@ class Plan:
     preset: str
     gpus: int
     """GPUs in the whole job (0 = a CPU run, planned as one process)."""
+    shard_gpus: int
+    """The GPUs one FSDP2 shard group spans: all of them, or one machine's under HSDP (several machines)."""
     vocab_size: int
     parameters: int
     """Unique parameters (tied embeddings counted once)."""
@@ -135,15 +139,20 @@ class Plan:
         return self.flops_per_token * self.total_tokens
 
 
-def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None) -> Plan:
-    """Plan `run_cfg` on `gpus` GPUs in total (0: CPU, one process).
+def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None, machines: int = 1) -> Plan:
+    """Plan `run_cfg` on `gpus` GPUs in total (0: CPU, one process) spread over `machines`: on several, FSDP2 runs
+    as HSDP (utils/sharding.py) and each GPU holds 1/(GPUs of one machine) of the state, not 1/gpus.
 
     The vocab comes from `tokenizer_vocab` (the prepared dataset's tokenizer) when given, else the
     model's own vocab_size, else the preset's tokenizer_vocab, else 256 (byte/char tokenizers).
     """
     if not isinstance(gpus, int) or gpus < 0:
         raise PiconeoxError(f"--gpus {gpus!r}: must be a whole number >= 0")
+    if not isinstance(machines, int) or machines < 1 or max(gpus, 1) % machines:
+        raise PiconeoxError(f"--machines {machines!r}: must be a whole number >= 1 that divides --gpus {gpus}")
     import torch
+
+    from utils.sharding import hsdp_shape
 
     model_cfg, train = run_cfg.model, run_cfg.train
     vocab = tokenizer_vocab or model_cfg.vocab_size or train.tokenizer_vocab or 256
@@ -154,6 +163,8 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None) -> P
     layer = sum(p.numel() for p in model.gpt_neox.layers[0].parameters())
 
     world = max(gpus, 1)
+    hsdp = hsdp_shape(world, world // machines)
+    shard_gpus = hsdp[1] if hsdp else world
     train = train.for_world(world)  # the accumulation that keeps the global batch on this many GPUs
     s, b = train.seq_len, train.micro_batch_size
     h, L, V = model_cfg.hidden_size, model_cfg.num_layers, model_cfg.vocab_size
@@ -179,6 +190,7 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None) -> P
     return Plan(
         preset=run_cfg.preset,
         gpus=gpus,
+        shard_gpus=shard_gpus,
         vocab_size=V,
         parameters=parameters,
         layer_parameters=layer,
@@ -190,7 +202,7 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None) -> P
         total_tokens=batch_tokens * train.max_steps,
         flops_per_token=model_flops_per_token(model_cfg, s),
         ddp=estimate(1, 0, 4 * parameters),
-        fsdp=estimate(world, compute_bytes * parameters, 4 * parameters if train.grad_accum_steps > 1 else 0),
+        fsdp=estimate(shard_gpus, compute_bytes * parameters, 4 * parameters if train.grad_accum_steps > 1 else 0),
     )
 
 
@@ -207,7 +219,8 @@ def format_plan(p: Plan) -> str:
         f"  training FLOPs    {p.flops_per_token:.3e} per token, {p.total_flops:.3e} in total",
     ]
     unit, size = ("GiB", GIB) if p.ddp.total >= GIB else ("MiB", MIB)
-    lines += ["", f"  memory per GPU ({unit}){'DDP':>18} {'FSDP':>10}"]
+    fsdp = "FSDP" if p.shard_gpus == max(p.gpus, 1) else "HSDP"
+    lines += ["", f"  memory per GPU ({unit}){'DDP':>18} {fsdp:>10}"]
     rows = [
         ("weights (fp32 master)", "weights"),
         ("gradients (fp32)", "grads"),
@@ -220,6 +233,9 @@ def format_plan(p: Plan) -> str:
     ]
     for label, attr in rows:
         lines.append(f"  {label:<28} {getattr(p.ddp, attr) / size:>10.2f} {getattr(p.fsdp, attr) / size:>10.2f}")
+    if fsdp == "HSDP":
+        lines.append(f"  (HSDP: each machine's {p.shard_gpus} GPUs shard the state, {p.gpus // p.shard_gpus} machines "
+                     "hold replicas)")
     lines.append("  (estimates: see configs/plan.py; add ~1 GiB for the CUDA context and allocator slack)")
     return "\n".join(lines)
 
@@ -243,4 +259,6 @@ def use_activation_checkpointing(cfg, accelerator, cuda: bool) -> bool:
 
     device_bytes = torch.cuda.get_device_properties(accelerator.device).total_memory
     sharded = accelerator.distributed_type == DistributedType.FSDP
-    return needs_activation_checkpointing(plan(cfg, gpus=accelerator.num_processes), sharded, device_bytes)
+    world = accelerator.num_processes
+    machines = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))  # HSDP shards within one machine
+    return needs_activation_checkpointing(plan(cfg, gpus=world, machines=max(machines, 1)), sharded, device_bytes)

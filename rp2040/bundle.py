@@ -17,6 +17,10 @@ RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 DEVICE_PACKAGE = "/lib/piconeox"
 DEVICE_MODEL_DIR = "/model"
 MODEL_FILES = ("model.bin", "vocab.bin", "config.json")
+MAX_VOCAB = 1 << 16  # vocab.bin's merges are 16-bit ids
+MAX_TOKEN_BYTES = 64
+# What a model for a board with 264 KB of RAM and 2 MiB of flash can have; a header beyond it is not a Pico model
+MAX_SIZES = {"vocab": MAX_VOCAB, "hidden": 4096, "layers": 256, "heads": 256, "inter": 16384, "context": 65536}
 NATIVE_MODULES = ("kernels_native.py", "matvec_native.py")  # viper, asm_thumb: only for a native architecture
 
 
@@ -31,12 +35,15 @@ def runtime_files() -> dict[str, Path]:
 
 def model_files(model_dir: Path) -> dict[str, Path]:
     """Device path -> host file of an exported model; refuses a directory missing any of them."""
+    from utils.ckpt.format import regular_file
+
     model_dir = Path(model_dir)
-    missing = [n for n in MODEL_FILES if not (model_dir / n).is_file()]
+    paths = {n: regular_file(model_dir, n) for n in MODEL_FILES}  # regular files only: never a link, never a FIFO
+    missing = [n for n, p in paths.items() if not p.is_file()]
     if missing:
         raise PiconeoxError(f"{model_dir} is missing {', '.join(missing)}: export it first with "
                             f"python -m rp2040.export CHECKPOINT --out {model_dir}")
-    return {f"{DEVICE_MODEL_DIR}/{n}": model_dir / n for n in MODEL_FILES}
+    return {f"{DEVICE_MODEL_DIR}/{n}": p for n, p in paths.items()}
 
 
 def check_model(path: Path) -> None:
@@ -52,15 +59,38 @@ def check_model(path: Path) -> None:
             if lie := header_lie(f.read(HEADER_SIZE)):
                 raise FormatError(f"model.bin header has {lie} (corrupt or foreign file)")
             header, layout = read_header(f)
+            if (size := Path(path).stat().st_size) > layout.crc_offset + 4:  # read what the header says, no more
+                raise FormatError(f"model.bin has {size:,} bytes, its header says {layout.crc_offset + 4:,} (padded "
+                                  "or foreign file)")
             verify_checksum(f, layout)
     except FormatError as e:
         raise PiconeoxError(f"{path}: {e}") from None
     try:
-        if lie := vocab_lie(vocab.read_bytes(), header.vocab):
+        if lie := vocab_lie(vocab_bytes(vocab), header.vocab):
             raise FormatError(f"vocab.bin {lie}")
         Tokenizer(str(vocab))  # version and checksum
     except FormatError as e:
         raise PiconeoxError(f"{vocab}: {e}") from None
+
+
+def vocab_bytes(path: Path) -> bytes:
+    """vocab.bin's bytes once its size is at most the one its header gives (read first), within MAX_VOCAB tokens."""
+    from rp2040.runtime.modelfile import FormatError
+    from rp2040.runtime.tokenizer import HEADER_FORMAT, HEADER_SIZE
+
+    with open(path, "rb") as f:
+        head = f.read(HEADER_SIZE)
+        if len(head) < HEADER_SIZE:
+            return head  # vocab_lie names it
+        v, merges, _, _, n_bytes = struct.unpack_from(HEADER_FORMAT, head)[4:9]
+        if v > MAX_VOCAB or n_bytes > MAX_TOKEN_BYTES * v:
+            raise FormatError(f"vocab.bin header says {v:,} tokens of {n_bytes:,} bytes; the format allows "
+                              f"{MAX_VOCAB:,} tokens of at most {MAX_TOKEN_BYTES} bytes each")
+        merges_at = (HEADER_SIZE + 4 * (v + 1) + n_bytes + v + 3) & ~3
+        expect = ((merges_at + 6 * merges + 3) & ~3) + 4
+        if (size := Path(path).stat().st_size) > expect:  # shorter: vocab_lie names it
+            raise FormatError(f"vocab.bin has {size:,} bytes, its header says {expect:,} (padded or foreign file)")
+        return head + f.read()
 
 
 def header_lie(raw: bytes) -> str | None:
@@ -73,6 +103,8 @@ def header_lie(raw: bytes) -> str | None:
     sizes = {"vocab": vocab, "hidden": hidden, "layers": layers, "heads": heads, "inter": inter, "context": context}
     if zero := next((name for name, value in sizes.items() if value < 1), None):
         return f"{zero} = 0"
+    if big := next((name for name, value in sizes.items() if value > MAX_SIZES[name]), None):
+        return f"{big} = {sizes[big]:,}, more than the format allows ({MAX_SIZES[big]:,})"
     if hidden % heads or rotary % 2 or rotary > hidden // heads:
         return f"a shape that does not hold together: hidden {hidden}, heads {heads}, rotary dims {rotary}"
     return None

@@ -24,7 +24,9 @@ from pathlib import Path
 from rp2040.bundle import DEVICE_MODEL_DIR, DEVICE_PACKAGE, check_model, compile_runtime, model_files, runtime_files
 from rp2040.prompt import check_prompt, model_config
 from utils.atomic import atomic_write
+from rp2040.uf2 import FLASH_SIZE
 from utils.errors import CliParser, PiconeoxError, cli
+from utils.textfile import printable
 
 RP2040_USB_VID = 0x2E8A  # Raspberry Pi: the Pico's MicroPython USB serial
 BOARD_SCRIPT = Path(__file__).resolve().parent / "board_install.py"
@@ -96,7 +98,11 @@ def check_fits(copy: dict[str, Path], files: dict[str, Path], free: int, block: 
 
 def digests(files: dict[str, Path]) -> dict[str, list]:
     """Device path -> [size, sha256 hex] of each host file, as the board reports its own."""
-    return {dev: [host.stat().st_size, hashlib.sha256(host.read_bytes()).hexdigest()] for dev, host in files.items()}
+    def sha256(path: Path) -> str:
+        with open(path, "rb") as f:  # streamed: never a whole file in memory
+            return hashlib.file_digest(f, "sha256").hexdigest()
+
+    return {dev: [host.stat().st_size, sha256(host)] for dev, host in files.items()}
 
 
 def board_script(build_dir: Path, name: str, args: dict) -> Path:
@@ -142,6 +148,9 @@ def start_step(base: list[str], start: bool) -> Step:
 def board_files(model_dir: Path, mpy: bool, build_dir: Path, prompt: str | None) -> dict[str, Path]:
     """Device path -> host path of everything to copy: the model first, main.py last."""
     files = model_files(model_dir)  # first: refuses a model dir without its files before any work
+    if big := next((p for p in files.values() if p.stat().st_size > FLASH_SIZE), None):
+        raise PiconeoxError(f"{big}: {big.stat().st_size:,} bytes, more than the Pico's {FLASH_SIZE >> 20} MiB of "
+                            "flash: export a smaller model")
     check_model(files[f"{DEVICE_MODEL_DIR}/model.bin"])  # truncated, foreign or corrupt: refused here, not on the board
     config = model_config(model_dir)  # a config.json the board could not parse: named here
     if prompt is not None:
@@ -167,7 +176,7 @@ def run_board(step: Step, failure: str) -> list[str]:
             print("  " + line.split()[1].rsplit("/", 1)[-1], flush=True)
     if proc.returncode != 0 or not said or said[-1] != "ok":
         why = next((s[6:] for s in said if s.startswith("error ")), None) or _why(proc)
-        raise PiconeoxError(failure.format(why=why))
+        raise PiconeoxError(failure.format(why=printable(why)[:300]))  # escaped: the board's text
     return said
 
 
@@ -182,13 +191,27 @@ def _why(proc: subprocess.CompletedProcess) -> str:
     return ((name.rsplit(".", 1)[-1] if colon and " " not in name else name) + colon + rest)[-200:]
 
 
+def probe_answer(said: list[str], port: str) -> tuple[dict, int, int, int]:
+    """({device path: [size, sha256]} the board has, free bytes, block size, bytes of the current install) from the
+    probe's "@@" lines; one line when the board answers what board_install.py never says."""
+    try:
+        have = {w[1]: [int(w[2]), w[3]] for w in (line.split() for line in said) if w and w[0] == "have"}
+        free, block, old = map(int, said[-2].split()[1:])
+        if not (free >= 0 and block > 0 and old >= 0):
+            raise ValueError
+    except (ValueError, IndexError):
+        shown = printable(" | ".join(said))[:200]
+        raise PiconeoxError(f"the board on {port} answered the probe with {shown!r}, not what piconeox's installer "
+                            "says: is it a Pico running MicroPython?") from None
+    return have, free, block, old
+
+
 def flash(files: dict[str, Path], base: list[str], port: str, build_dir: Path, start: bool) -> None:
     """Probe the board, install `files` atomically, start main.py."""
     started = time.monotonic()
     said = run_board(probe_step(base, build_dir),
                      f"no MicroPython REPL answered on {port} ({{why}}): is it a Pico running MicroPython?")
-    have = {w[1]: [int(w[2]), w[3]] for w in (line.split() for line in said) if w[0] == "have"}
-    free, block, old = map(int, said[-2].split()[1:])
+    have, free, block, old = probe_answer(said, port)
     keep = {dev for dev, d in digests(files).items() if have.get(dev) == d}
     clear = check_fits({d: h for d, h in files.items() if d not in keep}, files, free, block, old)
     if clear:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from utils.errors import PiconeoxError
-from utils.textfile import read_json
+from utils.textfile import SMALL_JSON_BYTES, read_json
 
 PROMPT_BYTES_PER_CHAR = 20
 
@@ -20,17 +20,23 @@ PROMPT_BYTES_PER_CHAR = 20
 def model_config(model_dir: Path) -> dict:
     """config.json of an exported model; one line naming the file when it is not the exporter's JSON."""
     path = Path(model_dir) / "config.json"
-    config = read_json(path, "exported model config")
+    config = read_json(path, "exported model config", SMALL_JSON_BYTES)
     for section in ("ram", "generation", "shape"):
         if not isinstance(config.get(section), dict):
             raise PiconeoxError(f"exported model config {path} has no {section!r} section: export the model again "
                                 f"with python -m rp2040.export CHECKPOINT --out {model_dir}")
+    for section, key, low in (("ram", "free_after_load_bytes", 0), ("shape", "context", 1),
+                              ("generation", "max_new_tokens", 1)):
+        value = config[section].get(key)
+        if not (type(value) is int and low <= value < 2**63):  # Infinity, null, "abc": what no exporter writes
+            raise PiconeoxError(f"exported model config {path}: {section}.{key} {str(value)[:40]} is not a whole "
+                                f"number >= {low}: export the model again")
     return config
 
 
 def max_prompt_chars(config: dict) -> int:
     """The longest prompt (characters) the board's heap takes after loading this model."""
-    return max(0, int(config["ram"].get("free_after_load_bytes", 0))) // PROMPT_BYTES_PER_CHAR
+    return config["ram"]["free_after_load_bytes"] // PROMPT_BYTES_PER_CHAR  # a whole number >= 0 (model_config)
 
 
 def check_prompt(config: dict, prompt: str) -> None:

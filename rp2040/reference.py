@@ -163,6 +163,7 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
     from tokenizers import Tokenizer
 
     from rp2040.bundle import check_model
+    from utils.ckpt.hf_folder import tokenizer_problem
     from utils.ckpt.load import load_model
 
     config = read_json(Path(model_dir) / "config.json", "the model's")
@@ -178,6 +179,8 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
         raise PiconeoxError(f"--checkpoint {checkpoint} is another model (vocab, hidden, layers, heads {theirs}) than "
                             f"{model_dir} ({(h.vocab, h.hidden, h.layers, h.heads)}): pass the checkpoint it was "
                             "exported from")
+    if why := tokenizer_problem(checkpoint / "tokenizer.json", h.vocab):  # its pipeline and count, before it is built
+        raise PiconeoxError(f"--checkpoint {why}")
     ids = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(text, add_special_tokens=False).ids
     ids = ids[:max_tokens + 1]
     ctx = ref.h.context

@@ -56,18 +56,21 @@ def check_space(folder: str | os.PathLike, needed: int, what: str) -> None:
 
 
 def is_no_space(e: BaseException | None) -> bool:
-    """ENOSPC or EDQUOT anywhere in `e`, its causes, or the failures a DCP CheckpointException wraps."""
-    seen = set()
-    while e is not None and id(e) not in seen:
+    """ENOSPC or EDQUOT anywhere in `e`, its causes, or the failures a DCP CheckpointException wraps. One walk
+    with one `seen` set: a wrapped failure whose context is its wrapper (DCP re-raised in a loader) is a cycle."""
+    todo, seen = [e], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
         if "No space left on device" in str(e):
             return True
         for wrapped in getattr(e, "failures", {}).values():  # torch.distributed.checkpoint's CheckpointException
-            if is_no_space(wrapped[0] if isinstance(wrapped, tuple) else wrapped):
-                return True
-        e = e.__cause__ or e.__context__
+            todo.append(wrapped[0] if isinstance(wrapped, tuple) else wrapped)
+        todo.append(e.__cause__ or e.__context__)
     return False
 
 

@@ -106,9 +106,9 @@ def shard_on_cpu(accelerator, plugin) -> None:
     accelerator.state.fsdp_plugin = plugin
 
 
-def group_timeout(accelerator, group=None) -> timedelta | None:
+def group_timeout(accelerator, group=None, on_device: bool = False) -> timedelta | None:
     """A process group's collective timeout as its backend holds it (default: the run's group on the run's
-    device; a gloo side group on the CPU); None without a group."""
+    device; a gloo side group on the CPU, a mesh group `on_device`); None without a group."""
     import torch
     import torch.distributed as dist
 
@@ -116,22 +116,42 @@ def group_timeout(accelerator, group=None) -> timedelta | None:
         return None
     if group is None:
         return dist.group.WORLD._get_backend(accelerator.device).options._timeout
-    return group._get_backend(torch.device("cpu")).options._timeout
+    return group._get_backend(accelerator.device if on_device else torch.device("cpu")).options._timeout
 
 
-def shorten_timeout(minutes: float) -> None:
+def mesh_groups(model) -> dict[str, object]:
+    """FSDP2's own process groups of a prepared model, made by its DeviceMesh: {"shard": ..., "replicate": ...}
+    (replicate under HSDP only); {} under DDP. They carry the step's all-gathers and reduce-scatters."""
+    groups = {}
+    for module in model.modules():
+        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+        params = state and state._fsdp_param_group
+        for name in ("shard", "replicate") if params else ():
+            if (group := getattr(params.mesh_info, f"{name}_process_group", None)) is not None:
+                groups.setdefault(name, group)
+    return groups
+
+
+def shorten_timeout(minutes: float, groups=()) -> None:
     """After the first step: the run's collectives fail within `minutes` on a hang, instead of the start-up timeout
-    that had to cover a resume download and the compile (torchtitan shortens it the same way)."""
+    that had to cover a resume download and the compile; the default group and `groups` (FSDP2's mesh groups, which
+    DeviceMesh made with the backend's default), after a barrier so that no collective is in flight (torchtitan)."""
+    import torch
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.distributed_c10d._set_pg_timeout(timedelta(minutes=minutes))
+        nccl = dist.get_backend() == "nccl"
+        dist.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
+        for group in (None, *groups):
+            dist.distributed_c10d._set_pg_timeout(timedelta(minutes=minutes), group)
 
 
-def timeouts_line(accelerator, vote_group, saver_group, from_step: int) -> str:
+def timeouts_line(accelerator, vote_group, saver_group, from_step: int, mesh: dict | None = None) -> str:
     """The log line saying every group's collective timeout once the run's has been shortened."""
     minutes = [group_timeout(accelerator, g).total_seconds() / 60 for g in (None, vote_group, saver_group)]
-    return (f"collective timeout {minutes[0]:g} min from step {from_step} on (stop vote {minutes[1]:g} min, "
+    own = "".join(f"FSDP2 {name} group {group_timeout(accelerator, g, on_device=True).total_seconds() / 60:g} min, "
+                  for name, g in (mesh or {}).items())
+    return (f"collective timeout {minutes[0]:g} min from step {from_step} on ({own}stop vote {minutes[1]:g} min, "
             f"checkpoint savers {minutes[2]:g} min)")
 
 

@@ -75,6 +75,8 @@ def cli(main: Callable[..., int | None]) -> Callable[..., int]:
     @functools.wraps(main)
     def run(argv=None) -> int:
         code = _outcome(main, argv)
+        if code == DONE:
+            record(DONE, "")  # under the launcher: this rank is done (a signal that comes later is no failure)
         if any(t.is_alive() for t in _UNSTOPPABLE):
             # native work that ignores Ctrl-C still runs on a thread: at interpreter shutdown it would be
             # unwound from inside Rust or C++ and abort the process ("FATAL: exception not rethrown", -6)
@@ -116,23 +118,36 @@ DONE, REFUSED, NOT_UPLOADED, INTERRUPTED = 0, 2, 3, 130
 STATUS_DIR_ENV = "PICONEOX_STATUS_DIR"
 
 
+def record(code: int, message: str) -> bool:
+    """Record this rank's outcome for the launcher that collects it (the first outcome of a rank is its outcome);
+    False when no launcher collects (no $PICONEOX_STATUS_DIR). No print, no lock: safe from a watcher thread."""
+    folder = os.environ.get(STATUS_DIR_ENV)
+    if not (folder and Path(folder).is_dir()):
+        return False
+    rank = int(os.environ.get("RANK", "0"))
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(Path(folder) / f"rank-{rank:05d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(f"{code}\n{message}")
+    return True
+
+
 def finish(code: int, message: str) -> int:
     """End this process with `code`: print `message` (one line) unless a launcher collects it; returns `code`."""
-    folder = os.environ.get(STATUS_DIR_ENV)
-    if folder and Path(folder).is_dir():
-        rank = int(os.environ.get("RANK", "0"))
-        with contextlib.suppress(FileExistsError):  # the first outcome of a rank is its outcome
-            fd = os.open(Path(folder) / f"rank-{rank:05d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(f"{code}\n{message}")
-            return code
-    print(message, file=sys.stderr, flush=True)
+    if not record(code, message):
+        print(message, file=sys.stderr, flush=True)
     return code
 
 
-def collected(folder: Path) -> tuple[int, str] | None:
-    """(code, message) recorded by rank 0, else by the lowest rank that recorded one; None when none did."""
+def outcomes(folder: Path) -> list[tuple[int, str]]:
+    """(code, message) of every rank that recorded its outcome, by rank (a finished run records 0 too)."""
+    found = []
     for path in sorted(Path(folder).glob("rank-*")):
         code, _, message = path.read_text(encoding="utf-8").partition("\n")
-        return int(code), message
-    return None
+        found.append((int(code), message))
+    return found
+
+
+def collected(folder: Path) -> tuple[int, str] | None:
+    """(code, message) of the lowest rank that failed (rank 0 first); None when none did."""
+    return next((found for found in outcomes(folder) if found[0]), None)

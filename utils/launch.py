@@ -5,6 +5,11 @@ differs is only how a failed run ends: the training processes record their exit 
 (utils/errors.py), and this prints that line once and exits with that code (2 for a refusal, 3 for a
 checkpoint that never reached the bucket) instead of accelerate's exit 1 or torchrun's ChildFailedError
 traceback. A crash that recorded nothing (a real bug) keeps its own traceback, printed by the worker.
+
+A stop signal to the launcher (Slurm's scancel, systemd and container runtimes signal every process of the job at
+once) is a clean stop too: it is passed on to the training processes as SIGTERM (a later Ctrl-C as SIGINT, which
+ends them at once), and the launcher waits for their exit codes; torch elastic's own handler, which raised a
+SignalException traceback, is left out.
 """
 from __future__ import annotations
 
@@ -36,12 +41,41 @@ def failed_code(exc: BaseException) -> int:
     raise exc
 
 
-def _stop_and_wait(signum, frame) -> None:
-    """SIGTERM (Slurm's scancel or a preemption signals the whole group; lifeline.py when start_training.sh died):
-    pass it on once to the process group, the training processes included, and wait for their clean stop instead
-    of dying before them."""
-    signal.signal(signal.SIGTERM, lambda *_: None)  # our own copy of the signal, and any later one
-    os.killpg(0, signal.SIGTERM)
+def children() -> list[int]:
+    """The pids of this process's children (the training processes), from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()  # after "pid (name) ": state, parent pid, ...
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid():
+            found.append(int(stat.parent.name))
+    return found
+
+
+def pass_on_stops(status: Path) -> None:
+    """SIGTERM/SIGINT/SIGHUP to the launcher reach the training processes as a clean stop (SIGTERM; a Ctrl-C after
+    an earlier signal as SIGINT: the second Ctrl-C); once they have all ended the launcher just finishes, and before
+    any started, it is interrupted. A signal ignored at start (SIGHUP under nohup) stays ignored."""
+    signalled = []
+
+    def stop(signum, frame):
+        forward = signal.SIGINT if signum == signal.SIGINT and signalled else signal.SIGTERM
+        signalled.append(signum)
+        workers = children()
+        for pid in workers:
+            try:
+                os.kill(pid, forward)
+            except ProcessLookupError:
+                pass
+        if not workers and not errors.outcomes(status):
+            raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, stop)
+    os.environ["PET_SIGNALS_TO_HANDLE"] = "SIGQUIT"  # torchrun --signals-to-handle: its agent leaves these to us
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,15 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).addHandler(logging.NullHandler())
         logging.getLogger(name).propagate = False
-    if os.getpgrp() == os.getpid():  # start_training.sh's job: the group is ours and the training processes'
-        signal.signal(signal.SIGTERM, _stop_and_wait)  # torch elastic's agent replaces it with its own (caught above)
     with tempfile.TemporaryDirectory(prefix="piconeox-status-") as folder:
         os.environ[errors.STATUS_DIR_ENV] = folder
+        pass_on_stops(Path(folder))
         try:
             launch_command(args)
             code = 0
         except (SystemExit, subprocess.CalledProcessError, Exception) as e:
             code = failed_code(e)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # the workers are gone: a late signal changes
+            if signal.getsignal(sig) is not signal.SIG_IGN:           # nothing (nor kills the exit as it would)
+                signal.signal(sig, signal.SIG_IGN)
         recorded = errors.collected(Path(folder))
     if recorded is not None:
         print(recorded[1], file=sys.stderr, flush=True)

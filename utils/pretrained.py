@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils.textfile import read_json
+from utils.textfile import SMALL_JSON_BYTES, read_json
 from utils.ckpt.format import DCP_INDEX
 from utils.ckpt.hf_folder import check_weights, gpt_neox_config, load_tokenizer, tokenizer_problem, weight_shapes
 from utils.ckpt.load import load_model
@@ -78,9 +78,8 @@ class Pretrained:
 
 def open_pretrained(path: str | Path) -> Pretrained:
     """Check an --init-from folder without loading weights; every problem is one PiconeoxError line."""
-    from tokenizers import Tokenizer
-
     from utils.ckpt.format import foreign_entry
+    from utils.data.tokenizers import read_tokenizer
 
     path = Path(path)
     if not path.is_dir():
@@ -103,12 +102,12 @@ def open_pretrained(path: str | Path) -> Pretrained:
                                 f"needs {value!r} (as Pythia has)")
     if why := tokenizer_problem(tokenizer_file, hf.vocab_size):
         raise PiconeoxError(f"--init-from {why}")
-    if shapes := weight_shapes(path):  # sizes as the weights hold them, before a model of that size is built
-        check_weights(hf, shapes, path, "--init-from ")
-    tokenizer_vocab = Tokenizer.from_file(str(tokenizer_file)).get_vocab_size()
+    # sizes as the weights hold them, before a model of that size is built (weights holding no tensor: refused)
+    check_weights(hf, weight_shapes(path), path, "--init-from ")
+    tokenizer_vocab = read_tokenizer(tokenizer_file).get_vocab_size()
     shas = {file_sha256(tokenizer_file)}
     run_config = path / "run_config.json"
     if run_config.is_file():  # one of our checkpoints: also the dataset tokenizer it was trained with
-        trained_with = read_json(run_config, "--init-from").get("data_tokenizer_sha256")
+        trained_with = read_json(run_config, "--init-from", SMALL_JSON_BYTES).get("data_tokenizer_sha256")
         shas |= {trained_with} if trained_with else set()
     return Pretrained(path, hf, tokenizer_vocab, frozenset(shas))

@@ -39,12 +39,18 @@ def read_text(path: str | Path, flag: str, max_bytes: int | None = None) -> str:
         raise PiconeoxError(f"{flag} {not_utf8(path, 0, e)}: give a text file".lstrip()) from None
 
 
-MAX_JSON_BYTES = 64 << 20  # config, marker, parts, manifest, tokenizer.json (Pythia's: 2 MB)
+# What a JSON file may cost: parsing takes up to ~28x its size in memory (64 MiB of `[{},...]`: 1.8 GB), so each kind
+# has the cap its honest files need with room to spare. Small states (a marker, a config, a part, an RNG state, an
+# index) are a few KB: SMALL_JSON_BYTES. tokenizer.json (Pythia's: 2 MB), manifests of MAX_SHARDS shards, the crc
+# index and metrics history: MAX_JSON_BYTES.
+MAX_JSON_BYTES = 16 << 20
+SMALL_JSON_BYTES = 1 << 20
 
 
 def read_json(path: str | Path, what: str = "", max_bytes: int = MAX_JSON_BYTES) -> dict:
     """A JSON object from `path` (`what` says whose file it is); one line naming the file when it is not one,
-    is larger than `max_bytes`, or nests too deep to parse (json recurses: 100,000 brackets are a RecursionError)."""
+    is larger than `max_bytes`, nests too deep to parse (json recurses: 100,000 brackets are a RecursionError), or
+    holds an integer of more than 4,300 digits (Python refuses to convert it)."""
     text = read_text(path, what, max_bytes)
     label = f"{what} {path}".lstrip()
     try:
@@ -53,6 +59,8 @@ def read_json(path: str | Path, what: str = "", max_bytes: int = MAX_JSON_BYTES)
         raise PiconeoxError(f"{label} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except RecursionError:
         raise PiconeoxError(f"{label} is not valid JSON (nested too deep to read)") from None
+    except ValueError as e:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise PiconeoxError(f"{label}: a number there is too long to read ({str(e).split(';')[0][:100]})") from None
     if not isinstance(data, dict):
         raise PiconeoxError(f"{label} is not a JSON object")
     return data

@@ -225,7 +225,7 @@ def test_sizes_are_checked_before_anything_is_built(work):
         (folder / "config.json").write_text(json.dumps(config))
         remark(folder)
     tok = json.loads((best / "tokenizer.json").read_text())
-    tok["model"]["merges"] = [["a", "b"]] * 2_097_153  # utils.data.tokenizers.MAX_TOKENS + 1
+    tok["model"]["merges"] = ["a b"] * 2_097_153  # utils.data.tokenizer_check.MAX_TOKENS + 1, under 16 MiB
     (best / "tokenizer.json").write_text(json.dumps(tok))
     remark(best)
     for call in (generate(best), lambda: export_main([str(best), "--out", str(work / "pico")])):

@@ -2,17 +2,14 @@
 same losses as DDP, checkpoints moving between the two, and HSDP over two simulated machines."""
 import json
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
 
 from tests.support.paths import REPO
-from tests.support.ranks import TINY, launch, run_bounded
+from tests.support.ranks import FSDP_CONFIG, launch, machines, run_bounded
 from utils.ckpt.format import check_complete, read_marker, step_dir_name
 
-FSDP_CONFIG = str(REPO / "configs" / "accelerate" / "fsdp_production.yaml")
 # fp32, 2 ranks x micro batch 1 x accumulation 4 (the 8 blocks per step of test_distributed.py's runs), 30 steps
 PARITY = ["--mixed-precision", "no", "--grad-accum", "4", "--max-steps", "30",
           "--save-every", "15", "--eval-every", "15"]
@@ -89,29 +86,6 @@ def test_a_checkpoint_moves_from_ddp_to_fsdp2_and_back(parity, tiny_data, tmp_pa
     assert "(DDP)" in proc.stderr
     assert relative_gap(four[15:], straight[15:]) < 1e-5
     assert relative_gap(two[20:], straight[20:]) < 1e-5
-
-
-def machines(tmp_path, data, count: int, *extra) -> list[subprocess.CompletedProcess]:
-    """FSDP2 on `count` simulated machines of 2 processes each (own working dirs, loopback, a local folder as the
-    bucket); micro batch 1 x accumulation 2 on 4 ranks, 2 x 2 on 2: the same 8 blocks per step."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(count):
-        cwd = tmp_path / f"machine{rank}"
-        cwd.mkdir(parents=True, exist_ok=True)
-        where = ["--num-machines", str(count), "--machine-rank", str(rank), "--main-process-ip", "127.0.0.1",
-                 "--main-process-port", str(port)] if count > 1 else []
-        cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", "2", *where,
-               "--accelerate-config", FSDP_CONFIG, "--data", str(data), "--", *TINY, "--batch-size", str(2 // count),
-               "--grad-accum", "2", "--run-name", "run", "--checkpoint-bucket", str(tmp_path / "bucket"), *extra]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PICONEOX_CPU_FSDP": "1"}
-        procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, start_new_session=True))
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert [p.returncode for p in procs] == [0] * count, "\n".join(err[-3000:] for _, err in outs)
-    return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outs)]
 
 
 def losses_of(machine0) -> list[float]:

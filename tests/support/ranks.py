@@ -17,6 +17,7 @@ from tests.support.paths import REPO
 TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
         "model.intermediate_size=64", "--seq-len", "32", "--log-every", "1", "--warmup-steps", "2",
         "--lr", "3e-3", "--max-steps", "12", "--save-every", "6", "--eval-every", "6"]
+FSDP_CONFIG = str(REPO / "configs" / "accelerate" / "fsdp_production.yaml")
 
 
 def run_bounded(cmd, timeout: float, **kwargs) -> subprocess.CompletedProcess:
@@ -96,3 +97,26 @@ def kill_tree(pid: int) -> None:
     for member in tree:
         with contextlib.suppress(ProcessLookupError):
             os.kill(member, signal.SIGKILL)
+
+
+def machines(tmp_path, data, count: int, *extra) -> list[subprocess.CompletedProcess]:
+    """FSDP2 on `count` simulated machines of 2 processes each (own working dirs, loopback, a local folder as the
+    bucket); micro batch 1 x accumulation 2 on 4 ranks, 2 x 2 on 2: the same 8 blocks per step."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(count):
+        cwd = tmp_path / f"machine{rank}"
+        cwd.mkdir(parents=True, exist_ok=True)
+        where = ["--num-machines", str(count), "--machine-rank", str(rank), "--main-process-ip", "127.0.0.1",
+                 "--main-process-port", str(port)] if count > 1 else []
+        cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", "2", *where,
+               "--accelerate-config", FSDP_CONFIG, "--data", str(data), "--", *TINY, "--batch-size", str(2 // count),
+               "--grad-accum", "2", "--run-name", "run", "--checkpoint-bucket", str(tmp_path / "bucket"), *extra]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PICONEOX_CPU_FSDP": "1"}
+        procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, start_new_session=True))
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * count, "\n".join(err[-3000:] for _, err in outs)
+    return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outs)]

@@ -123,11 +123,14 @@ class Checkpointer:
         self._submit(step, self.run_dir / "best", weights_only=True)
 
     def _submit(self, step: int, folder: Path, weights_only: bool) -> None:
+        kept = self.accelerator.is_main_process or not weights_only  # best/: the weights are gathered onto rank 0
+        if kept and self._uploader.background:  # the slot first: a capture waiting for it would hold a third copy
+            self._uploader.wait_for_slot(folder.name, SaveRequest.kind_of(weights_only))
         start = time.monotonic()
         snapshot = self._registry.capture(step, weights_only=weights_only)
         (self.log.info if self.accelerator.is_main_process else self.log.debug)(
             f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
-        if self.accelerator.is_main_process or not weights_only:  # best/: the weights were gathered onto rank 0
+        if kept:
             self._uploader.submit(SaveRequest(snapshot, folder, weights_only))
 
     def poll(self, step: int) -> str | None:

@@ -28,13 +28,15 @@ from pathlib import Path
 from utils.atomic import atomic_write_json
 from utils.crc import crc32c_file
 from utils.errors import PiconeoxError
-from utils.textfile import read_json
+from utils.textfile import SMALL_JSON_BYTES, read_json
 from utils.storage.base import no_link_below, safe_relpath
 
 MARKER = "COMPLETE"
 STEP_RE = re.compile(r"^step-(\d{8})$")
 DCP_INDEX = ".metadata"
 WEIGHTS_FILE = "model.safetensors"
+MAX_STEP = 10**8  # step-XXXXXXXX: eight digits
+MAX_WORLD = 1 << 16  # ranks a checkpoint may come from
 
 
 def step_dir_name(step: int) -> str:
@@ -56,17 +58,21 @@ def write_marker(folder: Path, step: int, world_size: int, files: dict[str, dict
 
 
 def read_marker(folder: Path) -> dict | None:
-    """The parsed COMPLETE marker of `folder`, or None when it is missing, unreadable, or lists a file without
-    its size and crc32c (an older piconeox format)."""
+    """The parsed COMPLETE marker of `folder`, or None when it is missing, unreadable, lists a file without
+    its size and crc32c (an older piconeox format), or has a step or world size no run writes."""
     if (Path(folder) / MARKER).is_symlink():  # never read through a link (check_complete says why)
         return None
     try:  # read_json: bounded in size, and JSON nested too deep is one line too
-        marker = read_json(Path(folder) / MARKER)
+        marker = read_json(Path(folder) / MARKER, max_bytes=SMALL_JSON_BYTES)
     except PiconeoxError:
         return None
     files = marker.get("files")
     if not isinstance(files, dict) or not all(isinstance(v, dict) and {"size", "crc32c"} <= v.keys()
+                                              and all(type(v[k]) is int and v[k] >= 0 for k in ("size", "crc32c"))
                                               for v in files.values()):
+        return None
+    step, world = marker.get("step"), marker.get("world_size", 1)
+    if not (type(step) is int and 0 <= step < MAX_STEP and type(world) is int and 1 <= world <= MAX_WORLD):
         return None
     return marker
 
@@ -126,6 +132,8 @@ def check_complete(folder: Path, verify: bool = False) -> str | None:
     marker = read_marker(folder)
     if marker is None:
         return f"{folder}/{MARKER} is unreadable (or from an older piconeox format)"
+    if (m := STEP_RE.match(folder.name)) and int(m.group(1)) != marker["step"]:
+        return f"{folder}/{MARKER} says step {marker['step']}, but the folder is {folder.name}"
     return check_files(folder, marker["files"], verify)
 
 

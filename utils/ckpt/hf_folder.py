@@ -13,12 +13,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from utils.textfile import read_json
+from utils.textfile import SMALL_JSON_BYTES, read_json
 from utils.errors import PiconeoxError, first_line
 
 LIMITS = {"num_hidden_layers": 1024, "hidden_size": 1 << 16, "num_attention_heads": 1024,
           "intermediate_size": 1 << 18, "vocab_size": 1 << 21, "max_position_embeddings": 1 << 20}
 CODE_KEYS = ("auto_map",)
+WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", ".metadata")
 LAYER = re.compile(r"^gpt_neox\.layers\.(\d+)\.")
 
 
@@ -27,10 +28,10 @@ def gpt_neox_config(folder: Path, flag: str = ""):
     from transformers import GPTNeoXConfig
 
     folder = Path(folder)
-    raw = read_json(folder / "config.json", flag.strip())
+    raw = read_json(folder / "config.json", flag.strip(), SMALL_JSON_BYTES)
     tokenizer_config = folder / "tokenizer_config.json"
-    for name, saved in (("config.json", raw), (tokenizer_config.name, read_json(tokenizer_config, flag.strip())
-                                                if tokenizer_config.is_file() else {})):
+    tok_config = read_json(tokenizer_config, flag.strip(), SMALL_JSON_BYTES) if tokenizer_config.is_file() else {}
+    for name, saved in (("config.json", raw), (tokenizer_config.name, tok_config)):
         if any(key in saved for key in CODE_KEYS):
             raise PiconeoxError(f"{flag}{folder}/{name}: asks to run the folder's own code (auto_map); piconeox "
                                 "loads GPT-NeoX models with transformers' own classes and never runs a folder's code")
@@ -49,7 +50,7 @@ def gpt_neox_config(folder: Path, flag: str = ""):
 
 def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     """{name: shape} of the model weights a folder holds, read from file headers (no tensor is loaded)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     folder = Path(folder)
     if (folder / ".metadata").is_file():  # our step folders (DCP)
@@ -69,14 +70,21 @@ def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
             raise PiconeoxError(f"{folder}/pytorch_model.bin: holds a {type(state).__name__}, not a state dict")
         return {k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}
     index = folder / "model.safetensors.index.json"
-    weight_map = read_json(index).get("weight_map") if index.is_file() else {"": "model.safetensors"}
-    files = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
+    weight_map = read_json(index, max_bytes=SMALL_JSON_BYTES).get("weight_map") if index.is_file() else \
+        {"": "model.safetensors"}
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise PiconeoxError(f"{index}: weight_map must map tensor names to file names")
     shapes = {}
-    for name in files:
+    for name in sorted(set(weight_map.values())):  # a file it names and the folder lacks is refused, not skipped
         if Path(name).name != name or not (folder / name).is_file():
-            return {}
-        with safe_open(folder / name, "pt") as f:
-            shapes.update({key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})
+            if not index.is_file():
+                return {}  # no safetensors weights at all: the caller says what the folder lacks
+            raise PiconeoxError(f"{index} names {name[:100]!r}, which is not a file of {folder}")
+        try:
+            with safe_open(folder / name, "pt") as f:
+                shapes.update({key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})
+        except SafetensorError as e:  # a file the index names that is not safetensors
+            raise PiconeoxError(f"{folder / name}: not a safetensors file ({first_line(e, 200)})") from None
     return shapes
 
 
@@ -101,7 +109,7 @@ def checked_config(folder: Path, flag: str = ""):
     """gpt_neox_config, checked against the folder's weights when it has safetensors or DCP weights."""
     config = gpt_neox_config(folder, flag)
     shapes = weight_shapes(folder)
-    if shapes:
+    if shapes or any((Path(folder) / name).exists() for name in WEIGHT_NAMES):  # weights that hold no tensor: refused
         check_weights(config, shapes, Path(folder), flag)
     return config
 
@@ -111,12 +119,10 @@ def tokenizer_problem(path: Path, model_vocab: int) -> str | None:
     tokenizer, ids beyond the model's embedding), or None."""
     from utils.data.tokenizers import read_tokenizer
 
-    try:
-        size = read_tokenizer(path).get_vocab_size()
+    try:  # the count is read from the JSON and compared before anything is built
+        read_tokenizer(path, max_ids=model_vocab)
     except PiconeoxError as e:
         return str(e)
-    if size > model_vocab:
-        return f"{path}: vocab mismatch: the tokenizer has {size} ids but the model's embedding has {model_vocab} rows"
     return None
 
 

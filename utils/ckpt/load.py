@@ -25,7 +25,10 @@ def read_part(folder: Path, name: str, like: dict | None = None) -> object | Non
     if path.is_file():
         state = read_json(path)
     elif (path := folder / f"{name}.pt").is_file():
-        state = load_small_state(path)
+        try:
+            state = load_small_state(path)
+        except (MemoryError, OverflowError) as e:  # an array a pickle claims, larger than memory
+            raise PiconeoxError(f"{path}: not a {name} state this run can load ({first_line(e, 200)})") from None
     else:
         return None
     if like is not None and (why := unlike(state, like)):
@@ -40,7 +43,8 @@ def kind(value) -> str:
 
 def unlike(saved, like, top: bool = True, nullable: bool = False) -> str | None:
     """Why `saved` is not shaped like `like` (the same keys at the top, the same kinds of values, scalar lists of
-    the same length), or None. A dict's number may be null (JSON has no inf: TrainerState saves None)."""
+    the same length), or None. Null stands where the run's own value is null (JSON has no inf: TrainerState saves
+    None for it) and may then be a number; never where a number belongs."""
     if top and not isinstance(saved, dict):
         return f"expected a JSON object, found {kind(saved)}"
     if isinstance(like, dict) and isinstance(saved, dict):
@@ -49,8 +53,7 @@ def unlike(saved, like, top: bool = True, nullable: bool = False) -> str | None:
             return f"its keys differ from {sorted(like)} ({', '.join(odd)})"
         return next((f"{key}: {why}" for key in saved.keys() & like.keys()
                      if (why := unlike(saved[key], like[key], top=False, nullable=True))), None)
-    kinds = {kind(saved), kind(like)}
-    if len(kinds) > 1 and not (nullable and kinds == {"null", "number"}):
+    if kind(saved) != kind(like) and not (nullable and kind(like) == "null" and kind(saved) == "number"):
         return f"{kind(saved)} where {kind(like)} belongs"
     if isinstance(like, list) and like:
         if kind(like[0]) not in ("list", "dict") and len(saved) != len(like):
@@ -72,7 +75,8 @@ def read_rng(folder: Path, rank: int) -> dict:
         raise PiconeoxError(f"{folder}: the checkpoint has no RNG state ({rng_name(0)}); it cannot be resumed exactly")
     try:
         return rng_from_json(read_json(path) if path.suffix == ".json" else rng_to_json(load_small_state(path)))
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError, MemoryError,
+            OverflowError) as e:  # MemoryError: a pickled array of 10^12 elements
         raise PiconeoxError(f"{path}: not an RNG state piconeox wrote ({first_line(e, 200)})") from None
 
 

@@ -119,16 +119,39 @@ class Registry:
         """Put every part back as `folder` holds it; every rank must call this (the sharded load is a collective).
         A small part's file is read (through the allowlist) even when this run has no such part: a checkpoint
         with a refused file is refused whole."""
+        from utils.distributed import all_gather_object
+
+        states, rng, error = {}, None, None
+        try:  # every small file checked before anything large is loaded
+            states, rng = self.read_parts(folder), read_rng(folder, self.rank)
+        except PiconeoxError as e:  # every rank learns it before the sharded load: none waits there for a rank gone
+            error = f"rank {self.rank}: {e}" if self.world_size > 1 else str(e)
+        if errors := [e for e in all_gather_object(error) if e]:
+            raise PiconeoxError(errors[0])
         load_sharded(folder, self.model, self.optimizer)
         self.load_sharded_parts(folder)
+        for name, state in states.items():
+            self.parts[name].obj.load_state_dict(state)
+        set_rng_state(rng)
+
+    def read_parts(self, folder: Path) -> dict:
+        """{name: saved state} of the small parts this run has, each shaped like the part's own state_dict() and
+        holding the numbers a run writes at the marker's step (utils/ckpt/ranges.py); else one line."""
+        from utils.ckpt.format import read_marker
+        from utils.ckpt.ranges import part_problem
+
+        step = read_marker(folder)["step"]
+        states = {}
         for name, part in self.parts.items():
             like = part.obj.state_dict() if part.obj is not None else None  # the saved state must match its shape
             state = None if part.sharded else read_part(folder, name, like=like)
             if state is None and part.required and not part.sharded and part.obj is not None:
                 raise PiconeoxError(f"{folder}: the checkpoint has no {name} state; it cannot be resumed exactly")
+            if state is not None and (why := part_problem(name, state, step)):
+                raise PiconeoxError(f"{folder}/{name}.json: not a {name} state a run writes: {why}")
             if state is not None and part.obj is not None:
-                part.obj.load_state_dict(state)
-        set_rng_state(read_rng(folder, self.rank))
+                states[name] = state
+        return states
 
     def load_sharded_parts(self, folder: Path) -> None:
         """Every sharded part from DCP: each rank reads the slices of its own shards into a host copy."""

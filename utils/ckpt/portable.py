@@ -24,9 +24,9 @@ def _read(path: Path) -> dict:
 
 def eot_id(tokenizer_dir: Path) -> int:
     """The id of the end-of-text token in `tokenizer_dir`'s tokenizer.json."""
-    from tokenizers import Tokenizer
+    from utils.data.tokenizers import read_tokenizer
 
-    return Tokenizer.from_file(str(Path(tokenizer_dir) / TOKENIZER_FILE)).token_to_id(EOT)
+    return read_tokenizer(Path(tokenizer_dir) / TOKENIZER_FILE).token_to_id(EOT)
 
 
 def portable_config(config: dict, eot: int | None) -> dict:

@@ -172,7 +172,15 @@ def resumed_config(cfg, resume_from: Path | None, world: int, data_dir: Path):
 
     from utils.ckpt.load import read_part
 
+    from utils.ckpt.ranges import batch_problem
+
     saved = read_part(resume_from, "run_config") if resume_from else None
-    tokenizer_sha256 = check_resumable(saved, resume_from, cfg.model.to_dict(), data_dir)
     trainer = read_part(resume_from, "trainer") if resume_from else None
+    if saved is not None:
+        where = f"{resume_from}/run_config.json: not a run_config a run writes"
+        if not all(isinstance(saved.get(k), dict) for k in ("model", "train")):
+            raise PiconeoxError(f"{where}: it needs model and train sections")
+        if why := batch_problem(saved, trainer if isinstance(trainer, dict) else None):
+            raise PiconeoxError(f"{where}: {why}")
+    tokenizer_sha256 = check_resumable(saved, resume_from, cfg.model.to_dict(), data_dir)
     return replace(cfg, train=batch_for_world(cfg.train, world, saved, trainer)), tokenizer_sha256

@@ -53,10 +53,8 @@ class SaveRequest:
     folder: Path
     weights_only: bool = False
 
-    @property
-    def kind(self) -> str:
-        """At most one request of each kind waits in the queue."""
-        return "weights" if self.weights_only else "full"
+    kind = property(lambda self: self.kind_of(self.weights_only))  # at most one request of each kind is queued
+    kind_of = staticmethod(lambda weights_only: "weights" if weights_only else "full")
 
 
 @dataclass
@@ -129,16 +127,22 @@ class CheckpointUploader:
         if not self.background:
             self._results.append(self._persist(request))
             return
-        start = time.monotonic()
+        self.wait_for_slot(request.folder.name, request.kind)
         with self._cond:
-            while request.kind in self._queue:  # backpressure: the queued one must start first
-                self._cond.wait()
             self._queue[request.kind] = request
             self._cond.notify_all()
+
+    def wait_for_slot(self, name: str, kind: str) -> None:
+        """Back-pressure, before the state is captured: wait while a save of `kind` still waits in the queue, so at
+        most one snapshot is being written and one queued (one staging set, a second while a write lags)."""
+        start = time.monotonic()
+        with self._cond:
+            while kind in self._queue:  # the queued one must start first
+                self._cond.wait()
         waited = time.monotonic() - start
         if waited > 0.1:
-            log.warning(f"training waited {waited:.1f} s to queue checkpoint {request.folder.name}: saving is slower "
-                        "than --save-every")
+            log.warning(f"training waited {waited:.1f} s to queue checkpoint {name}: saving is slower than "
+                        "--save-every")
 
     def poll(self) -> list[SaveResult]:
         """Outcomes finished since the last call: logged, failures counted, `fatal` set after too many in a row."""

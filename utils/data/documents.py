@@ -21,6 +21,7 @@ from typing import Iterator
 
 from utils.data.demo_corpus import generate_stories
 from utils.errors import PiconeoxError
+from utils.storage.base import special
 from utils.data.tokenizers import EOT
 from utils.textfile import not_utf8
 
@@ -127,6 +128,14 @@ class DemoStories:
 Source = TextFile | HFDataset | DemoStories
 
 
+def regular_input(path: Path) -> bool:
+    """Whether a file a glob or folder matched is one to read (a folder is not); one line for a FIFO, socket or
+    device, which would block or never end the read, where skipping it would drop text silently."""
+    if special(path) or path.is_symlink() and path.exists() and not (path.is_file() or path.is_dir()):
+        raise PiconeoxError(f"input {path} is not a regular file (a FIFO, socket or device): give text files")
+    return path.is_file()
+
+
 def resolve_inputs(inputs: list[str], errors: str = "strict") -> list[Source]:
     """Map INPUT arguments to sources, refusing missing, empty or unknown ones with one line."""
     if not inputs:
@@ -136,6 +145,8 @@ def resolve_inputs(inputs: list[str], errors: str = "strict") -> list[Source]:
     sources: list[Source] = []
     for spec in inputs:
         path = Path(spec)
+        if special(path):
+            raise PiconeoxError(f"input {spec} is not a regular file (a FIFO, socket or device): give text files")
         if spec == "demo":
             sources.append(DemoStories())
         elif spec.startswith("hf:"):
@@ -146,12 +157,12 @@ def resolve_inputs(inputs: list[str], errors: str = "strict") -> list[Source]:
         elif path.is_file():
             sources.append(TextFile(path, errors))
         elif path.is_dir():
-            files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+            files = sorted(p for p in path.rglob("*.txt") if regular_input(p))
             if not files:
                 raise PiconeoxError(f"input directory {spec} holds no .txt files")
             sources.extend(TextFile(p, errors) for p in files)
         elif any(c in spec for c in "*?["):
-            files = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
+            files = sorted(Path(p) for p in glob.glob(spec, recursive=True) if regular_input(Path(p)))
             if not files:
                 raise PiconeoxError(f"input glob {spec!r} matches no files")
             sources.extend(TextFile(p, errors) for p in files)

@@ -22,7 +22,8 @@ from utils.data.documents import Source, TextFile, resolve_inputs
 from utils.errors import PiconeoxError
 from utils.data.shards import MANIFEST_FILE, SPLITS, Manifest, ShardWriter, token_dtype, write_manifest
 from utils.data.tokenizers import (TOKENIZER_FILE, build_tokenizer, check_vocab_size, checkpoint_tokenizer,
-                              encode_batches, file_sha256, missing_chars, save_tokenizer, tokenizer_kind)
+                              encode_batches, file_sha256, missing_chars, pieces, read_tokenizer, save_tokenizer,
+                                   tokenizer_kind)
 
 DEFAULT_SHARD_TOKENS = 50_000_000  # 100 MB per uint16 shard
 BATCH_CHARS = 1 << 18  # text per encode task: big enough to amortise the hop to a worker, small enough to balance
@@ -128,8 +129,8 @@ def _texts(sources: list[Source], documents: Iterable[Document], desc: str, spli
     """The kept documents of `splits`, for building or checking a tokenizer, with a progress bar."""
     with _progress(sources, desc) as bar:
         for batch in _batches(documents):
-            if batch.split in splits:
-                yield from batch.docs
+            if batch.split in splits:  # in bounded pieces: BPE training holds a word's pairs at once
+                yield from (piece for doc in batch.docs for piece in pieces(doc))
             bar.update(batch.input_bytes)
 
 
@@ -142,9 +143,9 @@ def _tokenizer(data_dir: Path, staging: Path, kind: str, vocab_size: int | None,
     existing = data_dir / TOKENIZER_FILE
     if existing.is_file() and not retrain:
         try:
-            tok = Tokenizer.from_file(str(existing))
-        except Exception as e:  # tokenizers raises a bare Exception on bad JSON
-            raise PiconeoxError(f"{existing} is not a readable tokenizer ({e}); pass --retrain-tokenizer") from None
+            tok = read_tokenizer(existing)
+        except PiconeoxError as e:
+            raise PiconeoxError(f"{e}; pass --retrain-tokenizer") from None
         have, size = tokenizer_kind(tok), tok.get_vocab_size()
         if have != kind or (vocab_size is not None and vocab_size != size):
             asked = kind + (f" with {vocab_size} ids" if vocab_size is not None else "")

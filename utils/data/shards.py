@@ -137,9 +137,15 @@ def read_manifest(data_dir: str | os.PathLike) -> Manifest:
     if len(raw.get("shards") or ()) > MAX_SHARDS:
         raise PiconeoxError(f"{path}: {len(raw['shards']):,} shards, more than the {MAX_SHARDS:,} allowed")
     try:
-        return Manifest.from_dict(raw)
+        manifest = Manifest.from_dict(raw)
     except (ValueError, KeyError, TypeError) as e:
         raise PiconeoxError(f"{path} is not a valid manifest ({e}): prepare the data again") from None
+    names = [s.name for s in manifest.shards]
+    if len(set(map(str, names))) != len(names):  # one file listed twice would be read (and allocated for) twice
+        twice = next(n for n in names if names.count(n) > 1)
+        raise PiconeoxError(f"{path} lists shard {str(twice)[:100]!r} more than once: each shard is one file, "
+                            "listed once; prepare the data again")
+    return manifest
 
 
 def open_shard(data_dir: str | os.PathLike, shard: ShardInfo) -> np.ndarray:
@@ -199,6 +205,10 @@ def _verify_shard(data_dir: Path, manifest: Manifest, shard: ShardInfo, check_cr
         raise PiconeoxError(f"{path} is listed in the manifest but missing: download or prepare the data again")
     st = path.stat()
     size = st.st_size
+    itemsize = np.dtype(manifest.dtype).itemsize
+    if not (type(shard.tokens) is int and type(shard.bytes) is int and 0 <= shard.tokens * itemsize <= shard.bytes):
+        raise PiconeoxError(f"{path}: the manifest says {shard.tokens!r} tokens in {shard.bytes!r} bytes, which "
+                            "cannot be: prepare the data again")
     if size != shard.bytes:
         raise PiconeoxError(f"{path} has {size} bytes, the manifest says {shard.bytes}: the file is "
                             "truncated or replaced; download or prepare the data again")

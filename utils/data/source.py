@@ -3,12 +3,12 @@ into this machine's cache. Each check here reads no data, so a mistake is one li
 from __future__ import annotations
 
 import contextlib
-import fcntl
 from pathlib import Path
 
 from utils.data.loader import BlockLoader
 from utils.data.shards import verify_dataset
 from utils.errors import PiconeoxError
+from utils.flock import exclusive
 from utils.storage import is_remote, open_storage, parse_gs_url
 from utils.storage.sync import download_tree, host_dir
 
@@ -72,10 +72,10 @@ def ensure_local(source_url: str, cache_root: Path, credentials: str | None = No
 @contextlib.contextmanager
 def preparing(out: Path):
     """flock(2) on a file beside `out`: two runs started at once (other names, one demo dataset) prepare it once; the
-    second waits, then finds it."""
+    second waits, then finds it. Without file locks (NFS without lockd) one warning, and no guard."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.prepare.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    with open(out.parent / f".{out.name}.prepare.lock", "a+") as f:
+        exclusive(f.fileno(), out.parent, f"{out.name} is prepared without them: do not start two runs on it at once")
         yield
 
 

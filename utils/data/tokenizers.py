@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import re
 import signal
 import threading
 from collections import deque
@@ -24,13 +25,13 @@ from tokenizers import Tokenizer, decoders, models, trainers
 from tokenizers.pre_tokenizers import ByteLevel
 
 from utils.atomic import atomic_write
+from utils.data.tokenizer_check import check_tokenizer_json
 from utils.errors import PiconeoxError, leave_running
 
 EOT = "<|endoftext|>"
 KINDS = ("char", "byte", "bpe")
 BPE_MIN_VOCAB, BPE_MAX_VOCAB = 257, 65_535
 TOKENIZER_FILE = "tokenizer.json"
-MAX_TOKENS = 1 << 21  # vocab entries and merges a tokenizer.json may hold (GPT-NeoX's: 50,277 and 50,009)
 
 
 def check_vocab_size(kind: str, vocab_size: int | None) -> None:
@@ -162,18 +163,14 @@ def file_sha256(path: str | os.PathLike) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def read_tokenizer(path: str | os.PathLike, flag: str = "") -> Tokenizer:
-    """tokenizer.json as a Tokenizer, once its size and its counts of tokens and merges are within bounds (3M merges
-    would take minutes and gigabytes to build); anything else is one PiconeoxError line."""
+def read_tokenizer(path: str | os.PathLike, flag: str = "", max_ids: int | None = None) -> Tokenizer:
+    """tokenizer.json as a Tokenizer, once its size, its pipeline (only the pieces piconeox's tokenizers use) and its
+    counts of ids and merges are within bounds (utils.data.tokenizer_check), and it has at most `max_ids` ids: all
+    read from the JSON before anything is built. Anything else is one PiconeoxError line."""
     from utils.textfile import read_json
 
     label = f"{flag} {path}".lstrip()
-    model = read_json(path, flag).get("model")
-    if not isinstance(model, dict):
-        raise PiconeoxError(f"{label} is not a tokenizer.json (no model object)")
-    for what in ("vocab", "merges"):
-        if len(model.get(what) or ()) > MAX_TOKENS:
-            raise PiconeoxError(f"{label}: {len(model[what]):,} {what} entries, more than the {MAX_TOKENS:,} allowed")
+    check_tokenizer_json(read_json(path, flag), label, max_ids)
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception on a bad file
@@ -214,14 +211,49 @@ def load_tokenizer(data_dir: str | os.PathLike):
                                    clean_up_tokenization_spaces=False)
 
 
+CUT = re.compile(r"(?<=\S) (?=\S)")
+PIECE_CHARS = 1 << 16  # text encoded at once: an Encoding costs ~200 bytes a token (a 17 MB line took 3.7 GB whole)
+
+
+def pieces(text: str) -> Iterator[str]:
+    """`text` in pieces of at most PIECE_CHARS characters, each cut before a space where there is one in the piece's
+    second half with no other whitespace beside it: ByteLevel pre-tokenizes " word" as one word, so a cut there
+    changes no token (a char tokenizer's ids never change); text without such a space is cut where the bound falls."""
+    start = 0
+    while len(text) - start > PIECE_CHARS:
+        end = start + PIECE_CHARS
+        for cut in CUT.finditer(text, start + PIECE_CHARS // 2, end):
+            end = cut.start()
+        yield text[start:end]
+        start = end
+    yield text[start:]
+
+
 def encode_documents(tok: Tokenizer, docs: list[str], dtype: np.dtype) -> np.ndarray:
-    """Token ids of `docs`, each followed by EOT, as one flat array of `dtype`."""
-    eot = tok.token_to_id(EOT)
-    ids: list[int] = []
-    for enc in tok.encode_batch_fast(docs, add_special_tokens=False):  # no offsets: faster
-        ids.extend(enc.ids)
-        ids.append(eot)
-    return np.asarray(ids, dtype=dtype)
+    """Token ids of `docs`, each followed by EOT, as one flat array of `dtype`; encoded a few pieces at a time, so
+    memory stays bounded however long one document (one line) is."""
+    eot, out = tok.token_to_id(EOT), []
+    group: list[tuple[str, bool]] = []  # (piece, whether a document ends with it)
+
+    def flush() -> None:
+        ids: list[int] = []
+        for enc, (_, last) in zip(tok.encode_batch_fast([p for p, _ in group], add_special_tokens=False), group):
+            ids.extend(enc.ids + [eot] if last else enc.ids)  # encode_batch_fast: no offsets, faster
+        out.append(np.asarray(ids, dtype=dtype))
+        group.clear()
+
+    size = 0
+    for doc in docs:
+        for piece in pieces(doc):
+            if size + len(piece) > 4 * PIECE_CHARS:
+                flush()
+                size = 0
+            group.append((piece, False))
+            size += len(piece)
+        group[-1] = (group[-1][0], True)
+    if group:
+        flush()
+    return np.concatenate(out) if out else np.zeros(0, dtype)
 
 
 _worker_tokenizer: Tokenizer | None = None

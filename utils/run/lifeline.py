@@ -6,7 +6,8 @@ Three pieces, each for a way a run used to be left behind:
   CLI, and every train.py binds itself to accelerate (torchrun starts each worker in a session of its own,
   so no signal to the launcher's process group reaches them).
 - `GraceDeadline`: a worker whose clean stop cannot finish (a peer is gone or stuck, and this process waits
-  in a collective, where no Python signal handler runs) ends itself once the grace has passed.
+  in a collective, where no Python signal handler runs) ends itself once the grace has passed; a second Ctrl-C
+  ends it at once (exit 130), from a thread, so nothing the main thread waits for (a flush, a peer) holds it.
 - `detach_terminal`: after a SIGHUP the terminal is gone; writing to it would fail, so output goes to
   /dev/null (training.log keeps everything).
 
@@ -54,6 +55,11 @@ def bind_worker() -> None:
     die_with_parent(int(launch) if launch.isdigit() else None)
 
 
+def is_worker() -> bool:
+    """Whether this process is a training process started as a script (`bind_worker`)."""
+    return _worker
+
+
 def detach_terminal() -> None:
     """Point stdin/stdout/stderr that are terminals (character devices) at /dev/null; files and pipes stay."""
     null = os.open(os.devnull, os.O_RDWR)
@@ -77,7 +83,7 @@ class GraceDeadline:
     def __init__(self, stop):
         self.stop = stop
         self._done = threading.Event()
-        self._signalled_at: float | None = None
+        self._signalled_at: float | None = None  # the first stop signal this watcher read
 
     def __enter__(self) -> GraceDeadline:
         self._read, write = socket.socketpair()
@@ -100,20 +106,43 @@ class GraceDeadline:
     def _watch(self) -> None:
         while not self._done.is_set():
             if select.select([self._read], [], [], 0.2)[0]:
-                received = self._read.recv(64)
-                if self._signalled_at is None and STOP_SIGNALS & set(received):
-                    self._signalled_at = time.monotonic()
+                self._read_signals(self._read.recv(64))
             start = self._started()
             if start is not None and time.monotonic() - start >= self.stop.grace_seconds and not self._done.is_set():
-                err = os.dup(2)
-                os.set_blocking(err, False)  # a full stderr pipe (nobody reads it any more) must not hold the exit
-                try:
-                    os.write(err, (f"error: the clean stop did not finish within --grace-seconds "
-                                   f"{self.stop.grace_seconds:g} (a peer process is gone or stuck); exiting without "
-                                   "it: the last complete checkpoint stays\n").encode())
-                except OSError:
-                    pass
-                os._exit(GRACE_EXCEEDED_EXIT)
+                if self.stop.outcome is not None:  # the run ended, only its exit lags: its own code
+                    exit_now(self.stop.outcome, "")
+                exit_now(GRACE_EXCEEDED_EXIT, f"error: the clean stop did not finish within --grace-seconds "
+                         f"{self.stop.grace_seconds:g} (a peer process is gone or stuck); exiting without it: the "
+                         "last complete checkpoint stays")
+
+    def _read_signals(self, received: bytes) -> None:
+        """Note the first stop signal; a Ctrl-C after an earlier stop signal or request ends the process now (the
+        handler's KeyboardInterrupt waits for the main thread): 130, or the run's own code once it has ended."""
+        for signum in received:
+            if signum not in STOP_SIGNALS or self._done.is_set():
+                continue
+            if self.stop.outcome is not None and _worker:
+                exit_now(self.stop.outcome, "")  # the run has ended: a late signal is no failure
+            asked_before = self._signalled_at is not None or (self.stop.requested and not self.stop.by_signal)
+            if signum == signal.SIGINT and asked_before:
+                exit_now(130, "error: interrupted")  # utils.errors.INTERRUPTED
+            if self._signalled_at is None:
+                self._signalled_at = time.monotonic()
+
+
+def exit_now(code: int, message: str) -> None:
+    """End the process at once, from any thread: record `message` for the launcher, else write it to stderr
+    without blocking (a full pipe nobody reads must not hold the exit); no flush, no thread join."""
+    from utils import errors  # not at the top: this file also runs as a script, before `utils` is importable
+
+    if not errors.record(code, message) and message:
+        err = os.dup(2)
+        os.set_blocking(err, False)
+        try:
+            os.write(err, f"{message}\n".encode())
+        except OSError:
+            pass
+    os._exit(code)
 
 
 def main(argv: list[str]) -> int:

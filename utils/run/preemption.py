@@ -44,6 +44,8 @@ class StopRequest:
         check_grace_seconds(grace_seconds)
         self.grace_seconds = float(grace_seconds)
         self.reason: str | None = None
+        self.by_signal = False  # the stop was asked for by a signal (not by the trainer or another rank)
+        self.outcome: int | None = None  # the run's exit code once it is decided: later signals change nothing
         self._requested_at: float | None = None
         self._previous: dict[int, object] = {}
 
@@ -57,9 +59,14 @@ class StopRequest:
         return self
 
     def uninstall(self) -> None:
-        """Put the handlers back that `install()` replaced."""
+        """Put the handlers back that `install()` replaced. A training process whose outcome is decided ignores the
+        stop signals from here on instead: the run is over, and a late Ctrl-C must not turn its exit into a
+        failure (the interpreter's exit resets Python handlers to the default, which would die of it)."""
+        from utils.run import lifeline
+
+        done = lifeline.is_worker() and self.outcome is not None
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if done else handler)
         self._previous.clear()
 
     def __enter__(self) -> StopRequest:
@@ -69,12 +76,19 @@ class StopRequest:
         self.uninstall()
 
     def _handle(self, signum: int, frame) -> None:
+        if self.outcome is not None:  # the run has ended (its summary printed): nothing is left to stop
+            from utils.run import lifeline
+
+            if lifeline.is_worker():
+                lifeline.exit_now(self.outcome, "")  # with the run's own code, not a failure
+            return
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the clean stop
         if signum == signal.SIGHUP:
             from utils.run.lifeline import detach_terminal
 
             detach_terminal()  # its terminal is gone: writing there would fail the save
+        self.by_signal = self.by_signal or not self.requested
         self.request(f"{signal.Signals(signum).name} received")
 
     def request(self, reason: str) -> None:

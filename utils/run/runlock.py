@@ -15,8 +15,6 @@ so two runs started at once cannot both win; a filesystem without locks (NFS wit
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import socket
@@ -26,6 +24,7 @@ from pathlib import Path
 
 from utils.atomic import check_writable_dir
 from utils.errors import PiconeoxError
+from utils.flock import exclusive
 
 OWNER_ENV = "PICONEOX_RUN_LOCK_OWNER"  # the launcher's pid: the lock it took is its workers' to join
 NOTE_ENV = "PICONEOX_RUN_LOCK_NOTE"  # a file the preflight writes the lock's path into, for the launcher
@@ -83,8 +82,6 @@ def owner() -> tuple[int, str]:
 
 
 GUARD = ".guard"  # the regular file every check-and-write flocks: NFS emulates flock only on a file open for writing
-NO_FLOCK = {errno.ENOLCK, errno.EBADF, errno.ENOSYS, errno.EOPNOTSUPP}  # NFS without locks, Lustre without -o flock
-_warned_no_flock = False
 
 
 @contextlib.contextmanager
@@ -100,13 +97,12 @@ def _guarded(folder: Path):
         with contextlib.suppress(FileNotFoundError):
             fd = os.open(folder / GUARD, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError as e:
-                if e.errno not in NO_FLOCK:
-                    os.close(fd)
-                    raise
-                _warn_no_flock(folder, e)
-                break
+                if not exclusive(fd, folder, "the run lock is checked without them: do not start this run twice "
+                                             "at once"):
+                    break
+            except OSError:
+                os.close(fd)
+                raise
             with contextlib.suppress(FileNotFoundError):
                 if os.path.samestat(os.fstat(fd), os.stat(folder / GUARD)):
                     break
@@ -115,15 +111,6 @@ def _guarded(folder: Path):
         yield
     finally:
         os.close(fd)
-
-
-def _warn_no_flock(folder: Path, e: OSError) -> None:
-    global _warned_no_flock
-    if not _warned_no_flock:
-        _warned_no_flock = True
-        print(f"warning: {folder} has no file locks ({errno.errorcode.get(e.errno, e.errno)}: NFS without lockd or "
-              "Lustre without -o flock?); the run lock is checked without them: do not start this run twice at once",
-              file=sys.stderr)
 
 
 def _read(path: Path) -> list[Holder]:

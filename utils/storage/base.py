@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import stat
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +67,8 @@ def no_link_below(root: str | Path, name: str) -> Path:
     """`root/name` for a safe relative `name` when nothing below `root` on the way is a symbolic link.
 
     The one path rule of checkpoint, dataset and local-bucket folders: they hold regular files and folders,
-    never links, so no name inside them reaches outside. The folder the user names (`root`) may be a link.
+    never links, so no name inside them reaches outside; nor FIFOs, sockets or devices, which block or never end
+    a read. The folder the user names (`root`) may be a link.
     """
     path = Path(root)
     for part in safe_relpath(name).split("/"):
@@ -74,7 +76,19 @@ def no_link_below(root: str | Path, name: str) -> Path:
         if path.is_symlink():
             raise PiconeoxError(f"{path} is a symbolic link: checkpoint, dataset and bucket folders hold regular "
                                 "files only, never links (copy the file in instead)")
-    return path
+    if not special(path):
+        return path
+    raise PiconeoxError(f"{path} is not a regular file (a FIFO, socket or device): checkpoint, dataset and bucket "
+                        "folders hold regular files only")
+
+
+def special(path: Path) -> bool:
+    """Whether `path` exists as something other than a regular file, a folder or a link (read without following)."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode))
 
 
 class Storage(ABC):

@@ -17,8 +17,9 @@ from utils.storage.base import PARTIAL_SUFFIX, ObjectExists, ObjectInfo, Storage
 class LocalStorage(Storage):
     """A directory used as a bucket: same names, checksums and atomicity as GCS, no account needed.
 
-    A bucket holds objects, never links: a symbolic link below the root is listed (unread, without a crc32c)
-    and refused by every other call, so nothing outside the root is read or written through one."""
+    A bucket holds objects, never links: a symbolic link (or a FIFO, socket or device) below the root is listed
+    (unread, without a crc32c) and refused by every other call, so nothing outside the root is read or written
+    through one, and no read blocks."""
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
@@ -41,7 +42,8 @@ class LocalStorage(Storage):
                 path = Path(dirpath, file)
                 name = path.relative_to(self.root).as_posix()
                 if name.startswith(prefix):
-                    crc = crc32c_file(path) if checksums and not path.is_symlink() else None
+                    regular = path.is_file() and not path.is_symlink()  # a FIFO would block the read: listed, refused
+                    crc = crc32c_file(path) if checksums and regular else None
                     found[name] = ObjectInfo(name, path.lstat().st_size, crc, None)
         return found
 

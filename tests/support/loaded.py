@@ -1,0 +1,70 @@
+"""A busy box for the stop tests: both cores taken by `yes` while a run started at nice 10 is signalled (issue 42),
+and the start_training.sh runs those tests signal."""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from tests.support.chaos import TINY, alive, tree
+from tests.support.paths import REPO
+
+ROUNDS = 2  # each stop is tried this many times on the loaded box: several, and few enough for the CI budget
+
+
+@contextlib.contextmanager
+def both_cores_loaded():
+    """One `yes` per core (at the default priority) for the duration; killed and reaped after."""
+    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def start(work: Path, data: Path, procs: int, *extra: str) -> subprocess.Popen:
+    """./start_training.sh at nice 10 (as a user runs it beside other jobs), its output in work/out."""
+    work.mkdir(parents=True, exist_ok=True)
+    cmd = ["nice", "-n", "10", str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs",
+           str(procs), "--data", str(data), "--max-steps", "100000", "--", *TINY, "--output-dir", str(work / "ckpt"),
+           "--log-dir", str(work / "logs"), "--run-name", "r", *extra]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PICONEOX_", "OMP_NUM_THREADS"))}
+    out = open(work / "out", "w")  # a file: an unread pipe would fill up and block the run
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**env, "PICONEOX_FAKE_GPUS": "0"},
+                            start_new_session=True)
+
+
+def output(work: Path) -> str:
+    return (work / "out").read_text(errors="replace")
+
+
+def wait_for(what: str, check, proc: subprocess.Popen, timeout: float = 300):
+    """Poll `check` until it returns something true; fails naming `what` if the run ends first or on a hang."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"{what} not within {timeout:g} s"
+        time.sleep(0.1)
+    return result
+
+
+def training(work: Path, procs: int) -> bool:
+    """Every rank holds the run lock and a step was logged."""
+    try:
+        holders = (work / "ckpt" / ".locks" / "r.lock").read_text().count('"rank ')
+    except FileNotFoundError:
+        return False
+    return holders >= procs and "loss=" in output(work)
+
+
+def ended(proc: subprocess.Popen, family, timeout: float = 180) -> tuple[int, list[int]]:
+    """(exit code, pids of the run still alive once the launcher has exited) — every one should be gone."""
+    code = proc.wait(timeout=timeout)
+    return code, alive(family)
+
+
+__all__ = ["ROUNDS", "both_cores_loaded", "start", "output", "wait_for", "training", "ended", "tree"]
