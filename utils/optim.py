@@ -27,8 +27,8 @@ def muon_matrices(model: torch.nn.Module) -> list[torch.Tensor]:
 class MuonWithAdamW(torch.optim.Optimizer):
     """torch.optim.Muon on `muon_matrices`, fused AdamW on every other parameter, as ONE torch optimizer: one
     state dict (Muon's `momentum_buffer`, AdamW's `exp_avg`/`exp_avg_sq`/`step`, keyed by parameter), so the
-    checkpoint's optimizer part saves and resumes both, and one LambdaLR scales both lrs. Muon's groups come
-    first and carry `muon: True`."""
+    checkpoint's optimizer part saves and resumes both, and one LambdaLR scales both lrs. AdamW's groups come
+    first (the lr a run reports is learning_rate's), Muon's last, with `muon: True`."""
 
     def __init__(self, model, lr: float, weight_decay: float, betas: tuple[float, float], muon_lr: float,
                  muon_momentum: float):
@@ -45,13 +45,13 @@ class MuonWithAdamW(torch.optim.Optimizer):
             g["muon"] = True
         for g in self._adamw.param_groups:
             g["muon"] = False
-        super().__init__(self._muon.param_groups + self._adamw.param_groups, {})
+        super().__init__(self._adamw.param_groups + self._muon.param_groups, {})
         self._link()
 
     def _link(self):
         """Point both inner optimizers at this one's groups and state (load_state_dict replaces both)."""
-        n = sum(g["muon"] for g in self.param_groups)
-        self._muon.param_groups, self._adamw.param_groups = self.param_groups[:n], self.param_groups[n:]
+        n = sum(not g["muon"] for g in self.param_groups)
+        self._adamw.param_groups, self._muon.param_groups = self.param_groups[:n], self.param_groups[n:]
         self._muon.state = self._adamw.state = self.state
 
     def load_state_dict(self, state_dict):
