@@ -151,7 +151,7 @@ total=$((per_machine * machines))
 # Always name a config file: without one, accelerate silently reads a leftover
 # ~/.cache/huggingface/accelerate/default_config.yaml (e.g. gpu_ids '0' breaks any multi-process run).
 # Models of 1B+ parameters on several GPUs default to FSDP2 (train.py --print-sharding, configs/plan.py: the
-# resolved model's size, not the preset's name; README "Several machines"); on several machines it runs as HSDP.
+# resolved model's size, not the preset's name; docs/gpus.md "Several machines"); on several machines it runs as HSDP.
 if [ -z "$acc_config" ] && [ "$gpus" -gt 0 ] && [ "$total" -gt 1 ]; then
   sharding=$("$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --print-sharding --gpus "$total") || exit $?
   if [ "$sharding" = fsdp ]; then acc_config="$ROOT/configs/accelerate/fsdp_production.yaml"; fi

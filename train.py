@@ -397,7 +397,7 @@ def run(args) -> int:
 
     cfg, pretrained = with_init_from(resolve_config(args.config, args.config_file, overrides_from_args(args)))
     if args.preflight:
-        from utils.run.preflight import preflight
+        from utils.preflight import preflight
 
         synced = preflight(cfg, pretrained, run_dirs(cfg), args.processes)
         if synced is not None:

@@ -25,22 +25,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+import transformers  # noqa: E402
 
 from configs.model import ModelConfig, build_model  # noqa: E402
-from utils.data.prepare import prepare  # noqa: E402
-from utils.ckpt.parts import Registry, TrainerState, training_parts  # noqa: E402
 from utils.ckpt.format import latest_complete, step_dir_name  # noqa: E402
+from utils.ckpt.parts import Registry, TrainerState, training_parts  # noqa: E402
 from utils.ckpt.state import Snapshot  # noqa: E402
-from utils.data.loader import BlockLoader  # noqa: E402
-from utils.lm import lm_loss  # noqa: E402
-from utils.report.metrics import MetricsWriter  # noqa: E402
-from utils.optim import build_optimizer, build_scheduler  # noqa: E402
-from utils.storage import open_storage  # noqa: E402
-from utils.data.tokenizers import load_tokenizer  # noqa: E402
 from utils.ckpt.uploader import CheckpointUploader, SaveRequest  # noqa: E402
+from utils.data.loader import BlockLoader  # noqa: E402
+from utils.data.prepare import prepare  # noqa: E402
+from utils.data.tokenizers import load_tokenizer  # noqa: E402
 from utils.errors import CliParser, at_least, cli  # noqa: E402
-
-import transformers  # noqa: E402
+from utils.lm import lm_loss  # noqa: E402
+from utils.optim import build_optimizer, build_scheduler  # noqa: E402
+from utils.report.metrics import MetricsWriter  # noqa: E402
+from utils.storage import open_storage  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()  # save_pretrained's shard bar
 
@@ -86,7 +85,7 @@ def open_bucket(kind: str, tmp: Path):
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    from tests.gcs_servers import start_fake_gcs
+    from tests.support.gcs_servers import start_fake_gcs
 
     server = start_fake_gcs()
     # Real GCS does not run on the training machine: the stand-in server gets only idle CPU.

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from configs.presets import preset_list  # noqa: E402
 from rp2040 import emulate  # noqa: E402
 from rp2040.export import export  # noqa: E402
-from tests.rp2040_models import save_checkpoint  # noqa: E402  (the tests' wide random init)
+from tests.support.rp2040_models import save_checkpoint  # noqa: E402  (the tests' wide random init)
 from utils.errors import CliParser, PiconeoxError, at_least, cli  # noqa: E402
 
 

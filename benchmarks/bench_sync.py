@@ -23,10 +23,10 @@ from gcp_storage_emulator.server import create_server  # noqa: E402
 from google.auth.credentials import AnonymousCredentials  # noqa: E402
 from google.cloud import storage  # noqa: E402
 
-from tests.gcs_servers import start_fake_gcs  # noqa: E402
+from tests.support.gcs_servers import start_fake_gcs  # noqa: E402
+from utils.errors import CliParser, at_least, cli  # noqa: E402
 from utils.storage.gcs import GCSStorage  # noqa: E402
 from utils.storage.sync import INDEX_NAME, download_tree  # noqa: E402
-from utils.errors import CliParser, at_least, cli  # noqa: E402
 
 
 def counting_client(host: str) -> tuple[storage.Client, list[str]]:

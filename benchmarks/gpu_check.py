@@ -1,5 +1,5 @@
 """The stages of benchmarks/gpu_check.sh (its CLI): each prints one JSON line per measurement to OUT/results.jsonl
-and a readable row to stdout. See the README section "Checking a GPU box".
+and a readable row to stdout. See docs/gpus.md, "Checking a GPU box".
 
     python benchmarks/gpu_check.py STAGE --out DIR [--cpu-smoke]      STAGE: env, kernels, train, save, fsdp
 
@@ -171,7 +171,7 @@ def stage_resume(out: Path, cpu: bool, steps: int) -> None:
 
 def stage_fsdp(out: Path, cpu: bool, steps: int) -> None:
     """FSDP2 with configs/accelerate/fsdp_production.yaml on 1 GPU (CPU mode: 1 process, a gloo group of one; 2 ranks
-    are tests/test_fsdp.py's): save and resume, with 2 micro-steps per step as production accumulates (the
+    are tests/ranks/test_fsdp.py's): save and resume, with 2 micro-steps per step as production accumulates (the
     first without gradient sync, parameters kept gathered: utils/sharding.py)."""
     from utils.ckpt.format import step_dir_name
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# Every key each stage's lines carry, GPU and CPU mode alike (tests/test_gpu_check.py holds the CPU mode to it).
+# Every key each stage's lines carry, GPU and CPU mode alike (tests/process/test_gpu_check.py holds the CPU mode to it).
 KEYS = {
     "env": ["python", "torch", "cuda", "transformers", "accelerate", "gpu", "gpu_memory_gb", "free_disk_gb",
             "ram_gb", "google_cloud_storage"],

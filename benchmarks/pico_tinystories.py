@@ -1,4 +1,4 @@
-"""Train Pico presets on TinyStories and print README's table: size, emulated speed and heap, val loss, a sample.
+"""Train Pico presets on TinyStories and print docs/pico.md's table: size, emulated speed and heap, val loss, a sample.
 
     .venv/bin/python benchmarks/pico_tinystories.py [--presets rp2040-quality,pico-best] [--out /tmp/pico-ts]
         [--train FILE] [--val FILE] [--tokens 16]

@@ -200,7 +200,7 @@ PICO_LARGE = ModelConfig(
 )
 """~207K params (4.5x pico-best), widened as benchmarks/pico_search.py found pays best: 80 wide, two layers of
 four 20-dim heads, a 2.8x FFN. Its ~207 KB of int8 weights do not fit the Pico's heap next to the runtime, so
-layers and the head stream from flash each token; the asm_thumb kernels keep it above 10 tok/s (README)."""
+layers and the head stream from flash each token; the asm_thumb kernels keep it above 10 tok/s (docs/pico.md)."""
 
 TEST = ModelConfig(
     hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512, max_position_embeddings=256,

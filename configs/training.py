@@ -92,7 +92,7 @@ class TrainConfig(ConfigBase):
     matmul_precision: str = "highest"
     """torch.set_float32_matmul_precision for float32 matmuls: highest (exact), high (TF32 on Ampere+ GPUs),
     medium (TF32 on GPUs; on CPU oneDNN's kernels, documented as bfloat16 products where AMX has them, measured
-    float32-accurate on an AVX512-BF16 AMD EPYC: README, Presets)."""
+    float32-accurate on an AVX512-BF16 AMD EPYC: docs/runs.md, Presets)."""
     attention: str = "sdpa"
     """transformers' attention implementation: sdpa (the fused kernel) or eager (two matmuls, which medium
     precision speeds up on CPU; the fused CPU kernel gets slower under it)."""

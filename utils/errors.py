@@ -5,7 +5,7 @@ is wrapped in `cli`, which prints `error: <message>` to stderr and exits 2, so t
 line naming the bad value and what is allowed. Never put credentials in the message. The CLIs parse their flags
 with CliParser, so a flag mistake is that same one line too (argparse would print its whole usage first).
 
-How a run ends, as one exit code that survives `accelerate launch` (README: "Exit codes").
+How a run ends, as one exit code that survives `accelerate launch` (docs/runs.md: "Exit codes").
 
     0   done (max steps, time limit, early stopping, or a clean stop on SIGTERM/Ctrl-C)
     2   refused: a setting, file or state the user can fix; one `error:` line, nothing of the run kept

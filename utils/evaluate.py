@@ -6,7 +6,7 @@
 
 CHECKPOINT is any folder we write (best/, final/, step-XXXXXXXX/; a run directory means its best/). The
 standard tasks download their data from the Hugging Face Hub on first use (needs network, then cached);
-`--include-path` adds task YAMLs of your own (tests/lm_eval_tasks/ holds one in HellaSwag's format).
+`--include-path` adds task YAMLs of your own (tests/support/lm_eval_tasks/ holds one in HellaSwag's format).
 `--eval-perplexity FILE` scores raw text as one document the way lm-eval's wikitext task does (rolling
 windows of the model's context, the first token predicted after <|endoftext|>): word perplexity =
 exp(-log-likelihood / whitespace-separated words), plus byte perplexity, bits per byte and token perplexity.

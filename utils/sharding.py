@@ -6,7 +6,7 @@ Traffic per optimizer step (N parameters, A micro-steps; bf16 all-gathers, fp32 
 with every layer resharded after its backward all-gathers the weights A times (A x 2N bytes) and reduce-scatters
 once (4N); kept gathered across the no-sync micro-steps it all-gathers once. Across machines that is the difference
 between 1.5x and 0.75x DDP's all-reduce at A = 4; HSDP moves only the fp32 all-reduce of the gradient shards
-between machines (DDP's 4N in total) and keeps every all-gather on the machine (README "Several machines").
+between machines (DDP's 4N in total) and keeps every all-gather on the machine (docs/gpus.md "Several machines").
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 orthogonalises whole matrices."""
 import os
 
-from tests.test_distributed import REPO, TINY, run_bounded
+from tests.support.paths import REPO
+from tests.support.ranks import TINY, run_bounded
 
 
 def test_muon_on_two_fsdp2_ranks_is_refused_in_one_line(tmp_path, tiny_data):

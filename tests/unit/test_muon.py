@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from configs.model import MODEL_PRESETS, build_model
-from tests.conftest import run
+from tests.support.ema_runs import cut_from
+from tests.support.training import run
 from utils.ckpt.format import step_dir_name
 from utils.ckpt.load import read_weights
 from utils.ckpt.parts import dcp_keys
@@ -40,11 +41,7 @@ def test_muon_resumes_exactly_from_the_checkpoints_optimizer_part(tmp_path, tiny
     keys = dcp_keys(ref / step_dir_name(6))
     assert any(k.endswith("momentum_buffer") and ".layers." in k for k in keys)  # Muon's state is saved
     assert any(k.endswith("exp_avg") and "embed_in" in k for k in keys)  # and AdamW's
-    (tmp_path / "cut" / "ckpt" / "run").mkdir(parents=True)
-    import shutil
-
-    shutil.copytree(ref / step_dir_name(6), tmp_path / "cut" / "ckpt" / "run" / step_dir_name(6))
-    shutil.copytree(tmp_path / "ref" / "logs", tmp_path / "cut" / "logs")
+    cut_from(tmp_path / "ref", tmp_path / "cut", 6)
     code, rest, cut = run(tmp_path / "cut", tiny_data, "--resume", "auto", *common)
     assert code == 0 and rest == whole and len(whole) == 12
     a, b = read_weights(ref / step_dir_name(12)), read_weights(cut / step_dir_name(12))

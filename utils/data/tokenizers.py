@@ -49,7 +49,7 @@ def check_vocab_size(kind: str, vocab_size: int | None) -> None:
                             "distinct characters of the text (omit it)")
 
 
-def _byte_to_unicode() -> dict[int, str]:
+def byte_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table that the ByteLevel pre-tokenizer uses."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     table, extra = {b: chr(b) for b in printable}, 0
@@ -72,7 +72,7 @@ def _char_tokenizer(texts: Iterable[str]) -> Tokenizer:
 
 
 def _byte_tokenizer() -> Tokenizer:
-    table = _byte_to_unicode()
+    table = byte_to_unicode()
     vocab = {table[b]: b for b in range(255)}
     vocab[EOT] = 255
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))

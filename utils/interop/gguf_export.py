@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from utils.errors import PiconeoxError
-from utils.data.tokenizers import EOT, _byte_to_unicode, tokenizer_kind
+from utils.data.tokenizers import EOT, byte_to_unicode, tokenizer_kind
 
 OUT_TYPES = ("f32", "f16", "q8_0")
 NEVER_MERGE = "ÿ ÿ"  # byte-level 0xFF twice: no UTF-8 text contains it
@@ -49,7 +49,7 @@ def token_texts(tok) -> tuple[list[str], list[int], list[str]]:
         raise PiconeoxError("the tokenizer is not one GGUF can express as GPT-2 byte-level BPE (it has a "
                             "normalizer, another model type or pre-tokenizer); use a char, byte or bpe tokenizer")
     specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
-    table = _byte_to_unicode()
+    table = byte_to_unicode()
     texts, types, merges = [], [], []
     for text, _ in sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1]):
         if text in specials:

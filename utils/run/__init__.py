@@ -1,2 +1,2 @@
-"""A run's life: clean stops on signals, the launcher lifeline, the run lock, the run's folders, the checks
-before the launch (preflight)."""
+"""A run's life: clean stops on signals, the launcher lifeline, the run lock, the run's folders. The checks
+before the launch, which ask every room, are utils/preflight.py."""

@@ -1,0 +1,140 @@
+"""FSDP2 as production runs it, on CPU over gloo (PICONEOX_CPU_FSDP=1): micro-steps without gradient sync, the
+same losses as DDP, checkpoints moving between the two, and HSDP over two simulated machines."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.paths import REPO
+from tests.support.ranks import TINY, launch, run_bounded
+from utils.ckpt.format import check_complete, read_marker, step_dir_name
+
+FSDP_CONFIG = str(REPO / "configs" / "accelerate" / "fsdp_production.yaml")
+# fp32, 2 ranks x micro batch 1 x accumulation 4 (the 8 blocks per step of test_distributed.py's runs), 30 steps
+PARITY = ["--mixed-precision", "no", "--grad-accum", "4", "--max-steps", "30",
+          "--save-every", "15", "--eval-every", "15"]
+
+
+def test_fsdp2_stays_fsdp2_and_gathers_once_per_step():
+    """After prepare() accelerate still runs FSDP2 (it fell back to MULTI_CPU when the prepared optimizer re-read
+    its state): a step of 4 micro-steps all-gathers and reduce-scatters each FSDP unit once, as a step of one does
+    (no sync in the first 3, parameters kept gathered across them)."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", FSDP_CONFIG, "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+           str(REPO / "tests" / "support" / "fsdp_probe.py")]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "PICONEOX_CPU_FSDP": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO)}
+    proc = run_bounded(cmd, 120, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["fsdp2_after_prepare"] and report["describe"] == "FSDP2 fully_shard over 2 process(es)"
+    four, one = report["steps"]
+    # each unit (decoder layer, embedding, root) once per step, however many micro-steps
+    assert four == one and one["_allgather_base_"] == one["_reduce_scatter_base_"] >= 3, report
+
+
+@pytest.fixture(scope="module")
+def parity(tmp_path_factory, tiny_data):
+    """The same 30 steps as DDP and as FSDP2 (checkpoints at 15 and 30)."""
+    runs = {}
+    for kind in ("ddp", "fsdp"):
+        out = tmp_path_factory.mktemp(kind)
+        losses, proc = launch(out, tiny_data, 2, 1, *PARITY, fsdp=kind == "fsdp")
+        runs[kind] = out, losses, proc
+    return runs
+
+
+def relative_gap(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b)
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def test_fsdp2_gives_ddps_losses_with_accumulation(parity):
+    _, ddp, _ = parity["ddp"]
+    out, fsdp, _ = parity["fsdp"]
+    log = (out / "logs" / "run" / "training.log").read_text()
+    assert "2 process(es) on cpu:0 (FSDP2 fully_shard over 2 process(es))" in log
+    assert "micro batch 1 x 4 accumulation x 2 process(es)" in log
+    assert len(ddp) == 30 and relative_gap(fsdp, ddp) < 1e-5
+    assert ddp[-1] < ddp[0] - 1  # it learned: the comparison is not between two flat lines
+
+
+def test_fsdp2_run_ends_cleanly_with_its_sample(parity):
+    """Rank 0 alone sampling from the sharded model used to hang in the final barrier."""
+    out, _, _ = parity["fsdp"]
+    log = (out / "logs" / "run" / "training.log").read_text()
+    assert "collective timeout 60 min" in log  # read back from the gloo group: the flag's default, not torch's 30
+    # After step 1 a hang fails within --step-timeout-minutes (read back from each group), not within 60 minutes
+    assert "collective timeout 10 min from step 2 on (stop vote 10 min, checkpoint savers 60 min)" in log
+    assert "sample:\nOnce upon a time" in log
+    assert check_complete(out / "ckpt" / "run" / "final") is None
+
+
+def test_a_checkpoint_moves_from_ddp_to_fsdp2_and_back(parity, tiny_data, tmp_path):
+    """DDP's step 15 resumes as FSDP2 shards over 4 ranks (accumulation 2), whose step 20 resumes under DDP on 2
+    ranks: the uninterrupted losses all the way to step 30."""
+    straight = parity["ddp"][1]
+    (tmp_path / "four").mkdir()
+    (tmp_path / "two").mkdir()
+    step15 = parity["ddp"][0] / "ckpt" / "run" / step_dir_name(15)
+    four, proc = launch(tmp_path / "four", tiny_data, 4, 1, *PARITY, "--grad-accum", "2", "--save-every", "5",
+                        "--resume", str(step15), fsdp=True)
+    assert "FSDP2 fully_shard over 4 process(es)" in proc.stderr
+    step20 = tmp_path / "four" / "ckpt" / "run" / step_dir_name(20)
+    assert read_marker(step20)["world_size"] == 4 and "__3_0.distcp" in read_marker(step20)["files"]
+    two, proc = launch(tmp_path / "two", tiny_data, 2, 1, *PARITY, "--resume", str(step20))
+    assert "(DDP)" in proc.stderr
+    assert relative_gap(four[15:], straight[15:]) < 1e-5
+    assert relative_gap(two[20:], straight[20:]) < 1e-5
+
+
+def machines(tmp_path, data, count: int, *extra) -> list[subprocess.CompletedProcess]:
+    """FSDP2 on `count` simulated machines of 2 processes each (own working dirs, loopback, a local folder as the
+    bucket); micro batch 1 x accumulation 2 on 4 ranks, 2 x 2 on 2: the same 8 blocks per step."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(count):
+        cwd = tmp_path / f"machine{rank}"
+        cwd.mkdir(parents=True, exist_ok=True)
+        where = ["--num-machines", str(count), "--machine-rank", str(rank), "--main-process-ip", "127.0.0.1",
+                 "--main-process-port", str(port)] if count > 1 else []
+        cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", "2", *where,
+               "--accelerate-config", FSDP_CONFIG, "--data", str(data), "--", *TINY, "--batch-size", str(2 // count),
+               "--grad-accum", "2", "--run-name", "run", "--checkpoint-bucket", str(tmp_path / "bucket"), *extra]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PICONEOX_CPU_FSDP": "1"}
+        procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, start_new_session=True))
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * count, "\n".join(err[-3000:] for _, err in outs)
+    return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outs)]
+
+
+def losses_of(machine0) -> list[float]:
+    history = json.loads((machine0 / "logs" / "run" / "history.json").read_text())
+    return [r["train/loss"] for r in history if "train/loss" in r]
+
+
+def test_hsdp_over_two_machines_resumes_on_one_and_on_two(tmp_path, tiny_data, parity):
+    """2 machines x 2 processes: HSDP (each machine holds the model sharded in 2, the machines are replicas);
+    its step 6 resumes on 1 machine (full shard over 2 ranks) and on 2 machines, with the uninterrupted losses."""
+    first = tmp_path / "hsdp"
+    machines(first, tiny_data, 2)
+    log = (first / "machine0" / "logs" / "run" / "training.log").read_text()
+    assert "4 process(es) on cpu:0 (FSDP2 HSDP mesh: 2 replicas (machines) x 2 shards (processes per machine))" in log
+    straight = losses_of(first / "machine0")
+    # rank 0's weights reached both replicas: step 1 (before any update, the same 8 blocks) has DDP's loss
+    assert straight[0] == pytest.approx(parity["ddp"][1][0], rel=1e-6)
+    step6 = first / "bucket" / "run" / step_dir_name(6)
+    assert read_marker(step6)["world_size"] == 4
+    for count in (1, 2):
+        again = tmp_path / f"on{count}"
+        machines(again, tiny_data, count, "--resume", str(step6))
+        log = (again / "machine0" / "logs" / "run" / "training.log").read_text()
+        assert f"resumed from {step6} at step 6" in log
+        assert ("HSDP mesh: 2 replicas" in log) == (count == 2)
+        assert relative_gap(losses_of(again / "machine0")[6:], straight[6:]) < 1e-5

@@ -1,0 +1,1 @@
+"""What tests and benchmarks share: the one package they import helpers from."""

@@ -1,0 +1,44 @@
+"""Table-driven CLI cases: many Python CLIs' `main(argv)` in one interpreter, and the one-error-line contract."""
+import json
+import os
+import subprocess
+import sys
+
+from tests.support.paths import REPO
+
+DRIVER = r"""
+import contextlib, importlib, io, json, sys, traceback
+results = []
+for module, argv in json.load(sys.stdin):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = importlib.import_module(module).main(argv)
+        except SystemExit as e:  # argparse
+            code = e.code
+        except BaseException:
+            traceback.print_exc()
+            code = "raised"
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def run_cli_cases(cases, cwd):
+    """[(module, argv)] -> [(exit code, stderr)], all in one interpreter started in `cwd`."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps(cases), cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_one_error_line(code, err, message, context=""):
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and "Traceback" not in err, f"{context}: exit {code}\n{err}"
+    assert len(lines) == 1 and message in lines[0], f"{context}: expected one error line with {message!r}\n{err}"
+
+
+def binary_file(path):
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe\x00")
+    return str(path)

@@ -1,0 +1,20 @@
+"""The tiny in-process training run that many tests start (use the fresh_accelerate_state fixture)."""
+import json
+
+TINY = ["--config", "test", "--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
+        "model.num_heads=4", "--set", "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4",
+        "--log-every", "1", "--warmup-steps", "2", "--lr", "3e-3"]
+
+
+def run(tmp_path, data, *extra, name="run"):
+    """Run train.py in-process (use the fresh_accelerate_state fixture); return (exit code, per-step train
+    losses, run dir)."""
+    import train
+
+    code = train.main([*TINY, "--data", str(data), "--output-dir", str(tmp_path / "ckpt"), "--log-dir",
+                       str(tmp_path / "logs"), "--run-name", name, *extra])
+    history = tmp_path / "logs" / name / "history.json"
+    losses = []
+    if history.exists():
+        losses = [r["train/loss"] for r in json.loads(history.read_text()) if "train/loss" in r]
+    return code, losses, tmp_path / "ckpt" / name
