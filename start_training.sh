@@ -51,6 +51,11 @@ groups reach the other machines. A name that resolves to loopback here (machine 
 runs every machine on this host (a test). On GPUs
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set unless PYTORCH_CUDA_ALLOC_CONF is already set.
 
+Inside a Slurm job step (configs/slurm/train.sbatch: one launcher per node) the allocation sets --num-machines,
+--machine-rank, --main-process-ip (the first node's NodeAddr), a port derived from the job id, and --gpus
+(SLURM_GPUS_ON_NODE / SLURM_GPUS_PER_NODE); Kubernetes torch jobs' MASTER_ADDR, MASTER_PORT, WORLD_SIZE or
+PET_NNODES, and NODE_RANK / RANK do the same. A flag that contradicts them is an error (docs/clusters.md).
+
 Test hooks: PICONEOX_FAKE_GPUS=N pretends N CUDA GPUs are visible (to check GPU lines on a CPU box);
 PICONEOX_CPU_FSDP=1 shards for real over gloo when an FSDP --accelerate-config runs on CPU (--procs N, also 1).
 EOF
@@ -103,6 +108,14 @@ while [ $# -gt 0 ]; do
 done
 extra_args=("$@")
 [[ " ${train_args[*]} " == *" --config "* ]] || die "missing --config NAME (see --help)"
+
+# Inside a Slurm job step or a Kubernetes torch job the scheduler's allocation fills the machine flags (and --gpus
+# on Slurm); a flag that contradicts it is one error line (utils/run/allocation.py).
+if [ -n "${SLURM_JOB_ID:-}${MASTER_ADDR:-}${PET_MASTER_ADDR:-}" ]; then
+  alloc=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.run.allocation "$machines" "$rank" "$ip" \
+    "$port" "$gpus") || exit $?
+  { read -r machines; read -r rank; read -r ip; read -r port; read -r gpus; } <<< "$alloc"
+fi
 
 # How many CUDA GPUs the run can use: what torch sees (CUDA_VISIBLE_DEVICES applies). nvidia-smi only
 # explains a zero: GPUs present but a CPU-only torch build, or no driver at all.

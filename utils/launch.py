@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,17 @@ def failed_code(exc: BaseException) -> int:
     failures = getattr(exc, "failures", None)  # torchrun's ChildFailedError: {rank: ProcessFailure}
     if failures:
         return next(iter(failures.values())).exitcode or 1
+    if isinstance(getattr(exc, "sigval", None), signal.Signals):  # torch elastic's SignalException: a stop signal
+        return 0  # to the whole group, and its agent waited for the workers' clean stop
     raise exc
+
+
+def _stop_and_wait(signum, frame) -> None:
+    """SIGTERM (Slurm's scancel or a preemption signals the whole group; lifeline.py when start_training.sh died):
+    pass it on once to the process group, the training processes included, and wait for their clean stop instead
+    of dying before them."""
+    signal.signal(signal.SIGTERM, lambda *_: None)  # our own copy of the signal, and any later one
+    os.killpg(0, signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,8 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.error = lambda message: parser.exit(2, f"error: {message} (see accelerate launch --help)\n")  # one line
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     # torchrun's agent logs every worker's exit as an error and SIGTERMs the rest with warnings; the worker's own
-    # line (or its traceback, for a crash) says what happened
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # line (or its traceback, for a crash) says what happened. Each of its loggers sets its own level when imported,
+    # so their records stop at the parents instead (a handler there keeps logging's last-resort printer away).
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        logging.getLogger(name).addHandler(logging.NullHandler())
+        logging.getLogger(name).propagate = False
+    if os.getpgrp() == os.getpid():  # start_training.sh's job: the group is ours and the training processes'
+        signal.signal(signal.SIGTERM, _stop_and_wait)  # torch elastic's agent replaces it with its own (caught above)
     with tempfile.TemporaryDirectory(prefix="piconeox-status-") as folder:
         os.environ[errors.STATUS_DIR_ENV] = folder
         try:

@@ -7,21 +7,15 @@ or bloat on an unguarded loader fails its assertion instead of stalling the suit
 """
 import io
 import json
-import os
 import pickle
-import resource
 import shutil
-import signal
-import sys
-import tempfile
-import time
-import traceback
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.support.hostile_pickles import in_child, torch_zip
 from tests.support.payloads import Payload, torch_bytes
 from tests.support.training import run
 from utils.ckpt.format import DCP_INDEX, MARKER, manifest, read_marker, write_marker
@@ -36,34 +30,7 @@ DEADLINE = 90  # seconds: a refusal takes a few; an unguarded loader hangs for m
 def bounded(call, deadline: float = DEADLINE, nofile: int | None = None) -> tuple[int | str, str]:
     """(exit code, or "timeout"; its stderr) of `call()` in a forked child with RLIMIT_AS = its size + EXTRA_MEMORY
     (and RLIMIT_NOFILE = `nofile`), killed after `deadline` seconds."""
-    err = tempfile.TemporaryFile()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 1
-        try:
-            os.dup2(err.fileno(), 2)
-            sys.stderr = open(2, "w", closefd=False)
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # closed stdin: a prompt would fail, not wait
-            size = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) << 10
-            resource.setrlimit(resource.RLIMIT_AS, (size + EXTRA_MEMORY, size + EXTRA_MEMORY))
-            if nofile:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-            code = call() or 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stderr.flush()
-            os._exit(code)
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            err.seek(0)
-            return os.waitstatus_to_exitcode(status), err.read().decode(errors="replace")
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return "timeout", ""
+    return in_child(call, EXTRA_MEMORY, deadline, nofile)
 
 
 def assert_one_line(result, *words):
@@ -86,15 +53,6 @@ def hash_bomb() -> bytes:
     for _ in range(64):
         t = (t, t)
     return b"\x80\x02}" + pickle.dumps(t, protocol=2)[2:-1] + b"K\x01s."
-
-
-def torch_zip(data_pkl: bytes) -> bytes:
-    """A torch.save-shaped zip whose data.pkl is `data_pkl`."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("archive/data.pkl", data_pkl)
-        z.writestr("archive/version", "3\n")
-    return buf.getvalue()
 
 
 def replace_record(folder: Path, fqn_start: str, data: bytes) -> None:

@@ -2,107 +2,55 @@
 memory out of proportion to its size, whatever its bytes.
 
 - A pickle (DCP's `.metadata`, each record of a `.distcp`, an older `.pt` small state, `pytorch_model.bin`) is
-  walked opcode by opcode first (pickletools builds nothing): its objects, each shared reference counted again,
-  may number at most MAX_PICKLE_NODES and nest at most MAX_PICKLE_DEPTH deep. A 1 KB pickle of 64 tuples nested
-  through the memo is 2**64 objects to hash: it would hang any unpickler inside C, where no signal handler runs.
+  walked opcode by opcode first (utils/ckpt/pickle_walk.py: one pass, nothing built, every limit checked as it
+  goes): at most MAX_PICKLE_OPS opcodes and MAX_PICKLE_TEXT bytes of strings; at most MAX_PICKLE_NODES objects
+  created, none of which unfolds (each shared reference counted again) into more, or nests more than
+  MAX_PICKLE_DEPTH deep. A 1 KB pickle of 64 tuples nested through the memo is 2**64 objects to hash: it would
+  hang any unpickler inside C, where no signal handler runs.
+- Hash collisions: 74,000 int keys that all hash to 0 cost 74,000**2 / 2 comparisons to put in one dict. What an
+  unpickler we cannot watch builds (torch.load) may hold at most MAX_HASH_WORK_UNWATCHED entries squared, summed
+  over its dicts and sets (<= ~3 s of colliding inserts); the index's own unpickler counts equal hashes as it
+  builds (safe_load.MetadataUnpickler) and is allowed pickle_walk.MAX_HASH_WORK.
 - A torch zip (what torch.save writes) must store its records as they are: a DEFLATE record would be inflated
-  by torch.load (~1,000x), and torch itself never compresses one.
+  by torch.load (~1,000x), and torch itself never compresses one; its data.pkl holds at most MAX_DATA_PKL_BYTES.
 - JSON is read by utils.textfile.read_json: up to a size, and nesting too deep to parse is one line.
 """
 from __future__ import annotations
 
 import hashlib
 import io
-import pickletools
 import zipfile
 from collections import OrderedDict
 
+from utils.ckpt.pickle_walk import MAX_PICKLE_DEPTH, MAX_PICKLE_NODES, TooCostly, pickle_cost  # noqa: F401 (tests)
 from utils.errors import PiconeoxError
 
-MAX_PICKLE_NODES = 5_000_000  # a 1.2B model's index holds ~100,000 objects; its optimizer records ~100
-MAX_PICKLE_DEPTH = 100  # what torch writes nests 10 deep
-MUTATORS = {"APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS", "BUILD"}  # fill the object below them
-_MARK = -1
-_PASSED: OrderedDict[bytes, None] = OrderedDict()  # digests of the pickles check_pickle let through, newest last
+MAX_HASH_WORK_UNWATCHED = 1 << 28  # one dict of 16,384 colliding keys: ~3.4 s here; a 1.2B state dict: ~400 keys
+MAX_DATA_PKL_BYTES = 64 << 20  # torch.save writes ~100 bytes a tensor: a 1.2B model's data.pkl is ~50 KB
+_PASSED: OrderedDict[tuple, int] = OrderedDict()  # (digest, hash budget): hash work, of the pickles that passed
 
 
-def pickle_graph(data: bytes) -> tuple[list[list[int]], int]:
-    """(children of every object, the root) of the pickle `data`: the unpickler's stack, with objects as numbers."""
-    children: list[list[int]] = []
-    stack: list[int] = []
-    memo: dict = {}
-    for op, arg, _ in pickletools.genops(data):
-        name = op.name
-        if name == "STOP":
-            return children, stack[-1]
-        if name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
-            memo[arg if arg is not None else len(memo)] = stack[-1]
-            continue
-        if name in ("GET", "BINGET", "LONG_BINGET", "MARK", "DUP"):
-            stack.append(memo[arg] if name.endswith("GET") else _MARK if name == "MARK" else stack[-1])
-            continue
-        if pickletools.markobject in op.stack_before:
-            top = len(stack) - 1 - stack[::-1].index(_MARK)
-            below = op.stack_before.index(pickletools.markobject)
-            if top < below:
-                raise ValueError(f"{name} on a short stack")
-            consumed = stack[top - below:top] + stack[top + 1:]
-            del stack[top - below:]
-        else:
-            n = len(op.stack_before)
-            consumed = stack[len(stack) - n:] if n else []
-            del stack[len(stack) - n:len(stack) if n else 0]
-        if len(consumed) < len(op.stack_before) - 2 * (pickletools.markobject in op.stack_before) or \
-                _MARK in consumed:
-            raise ValueError(f"{name} on a malformed stack")
-        if name in MUTATORS or name == "READONLY_BUFFER":
-            children[consumed[0]].extend(consumed[1:])
-            stack.append(consumed[0])
-        elif op.stack_after:
-            children.append(consumed)
-            stack.append(len(children) - 1)
-    raise ValueError("no STOP")
-
-
-def pickle_cost(data: bytes) -> tuple[int, int]:
-    """(objects counting every shared reference again, nesting depth) of the pickle `data`, building nothing."""
-    children, root = pickle_graph(data)
-    size, depth, state = [0] * len(children), [0] * len(children), [0] * len(children)  # state: 1 open, 2 done
-    work = [(root, False)]
-    while work:
-        node, close = work.pop()
-        if close:
-            kids = children[node]
-            size[node] = 1 + sum(size[c] for c in kids)
-            depth[node] = 1 + max((depth[c] for c in kids), default=0)
-            state[node] = 2
-        elif state[node] == 1:
-            raise ValueError("an object that contains itself")
-        elif state[node] == 0:
-            state[node] = 1
-            work.append((node, True))
-            work.extend((c, False) for c in children[node] if state[c] != 2)
-    return size[root], depth[root]
-
-
-def check_pickle(data: bytes, path, item: str = "") -> None:
-    """Refuse, in one line, a pickle whose objects could not be built and hashed in time proportional to its size.
-    Bytes that passed once pass again without the walk (a resume reads one `.metadata` up to three times)."""
-    digest = hashlib.blake2b(data, digest_size=16).digest()  # ~1 ms for a 1.2B model's index; the walk ~1-3 s
-    if digest in _PASSED:
-        return
+def check_pickle(data: bytes, path, item: str = "", hash_work: int = MAX_HASH_WORK_UNWATCHED) -> int:
+    """Refuse, in one line, a pickle whose objects could not be built and hashed in time proportional to its size
+    (`hash_work`: what its dicts' and sets' entries squared may sum to); else return what they sum to. Bytes that
+    passed once pass again without the walk (a resume reads one `.metadata` up to three times)."""
+    key = (hashlib.blake2b(data, digest_size=16).digest(), hash_work)  # ~1 ms for a 1.2B model's index
+    if key in _PASSED:
+        return _PASSED[key]
     where = f"{path}{f' ({item})' if item else ''}"
     try:
-        nodes, depth = pickle_cost(data)
-    except (ValueError, KeyError, IndexError) as e:  # pickletools' and the simulated stack's errors
+        cost = pickle_cost(data)
+        if cost.hash_work > hash_work:
+            raise TooCostly(f"its dicts and sets hold too many entries (entries squared, summed over them all: "
+                            f"{cost.hash_work:,}; allowed: {hash_work:,})")
+    except TooCostly as e:
+        raise PiconeoxError(f"{where}: refused to load: {e}; a checkpoint's pickles are small and flat") from None
+    except (ValueError, KeyError, IndexError, OverflowError, UnicodeDecodeError) as e:  # the opcodes' and the stack's
         raise PiconeoxError(f"{where}: not a readable pickle ({str(e)[:200]})") from None
-    if nodes > MAX_PICKLE_NODES or depth > MAX_PICKLE_DEPTH:
-        raise PiconeoxError(f"{where}: refused to load: its {len(data):,} bytes unfold into {nodes:,} objects nested "
-                            f"{depth} deep (allowed: {MAX_PICKLE_NODES:,} objects, {MAX_PICKLE_DEPTH} deep); a "
-                            "checkpoint's pickles are small and flat")
-    _PASSED[digest] = None
+    _PASSED[key] = cost.hash_work
     if len(_PASSED) > 64:
         _PASSED.popitem(last=False)
+    return cost.hash_work
 
 
 def check_torch_zip(source, path, item: str = "") -> None:
@@ -120,6 +68,9 @@ def check_torch_zip(source, path, item: str = "") -> None:
             pkl = [i for i in infos if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
             if len(pkl) != 1:
                 raise PiconeoxError(f"{where}: not a torch.save file (no data.pkl record)")
+            if max(pkl[0].file_size, pkl[0].compress_size) > MAX_DATA_PKL_BYTES:
+                raise PiconeoxError(f"{where}: refused to load: its data.pkl claims {pkl[0].file_size:,} bytes; at "
+                                    f"most {MAX_DATA_PKL_BYTES:,} are read (torch.save writes ~100 a tensor)")
             check_pickle(z.read(pkl[0]), path, item)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
         raise PiconeoxError(f"{where}: not a readable torch.save file ({str(e)[:200]}); piconeox reads only torch's "

@@ -3,6 +3,7 @@ checkpoint's model for inference (in one process, without a process group: only 
 Loading never runs code from a checkpoint: every pickle in it is read through an allowlist (safe_load)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -109,12 +110,22 @@ def read_weights(folder: Path, part: str = "model") -> dict[str, torch.Tensor]:
     from utils.ckpt.safe_load import SafeFileSystemReader, load_dcp
 
     meta = SafeFileSystemReader(str(folder)).read_metadata().state_dict_metadata
-    prefix = f"{part}."
-    entries = {key[len(prefix):]: m for key, m in meta.items()
-               if key.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+
+    def weights(name: str) -> dict:
+        return {key[len(name) + 1:]: m for key, m in meta.items()
+                if key.startswith(f"{name}.") and isinstance(m, TensorStorageMetadata)}
+
+    entries = weights(part)
     if not entries:
         raise PiconeoxError(f"{folder}: the checkpoint holds no {part} weights")
-    claimed = sum(m.size.numel() * m.properties.dtype.itemsize for m in entries.values())
+    if part != "model":  # the part's weights stand in for the model's: the same names, shapes and dtypes
+        model = {key: (tuple(m.size), m.properties.dtype) for key, m in weights("model").items()}
+        if odd := next((k for k in sorted(model.keys() | entries.keys()) if model.get(k) !=
+                        ((tuple(entries[k].size), entries[k].properties.dtype) if k in entries else None)), None):
+            held = (list(entries[odd].size), entries[odd].properties.dtype) if odd in entries else "nothing"
+            raise PiconeoxError(f"{folder}/{DCP_INDEX}: its {part} weights hold {held} for {odd[:100]!r}, the model "
+                                f"{list(model[odd]) if odd in model else 'nothing'}")
+    claimed = sum(math.prod(m.size) * m.properties.dtype.itemsize for m in entries.values())  # exact: no wrap
     held = sum(p.stat().st_size for p in Path(folder).glob("*.distcp"))
     if claimed > held:  # the index alone must not make us allocate: its sizes must be in the files
         raise PiconeoxError(f"{folder}/{DCP_INDEX}: its {part} weights hold {claimed:,} bytes, but the folder's "

@@ -27,11 +27,15 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.utils import _ReaderView
 
-from utils.ckpt.bounded import check_pickle, check_torch_zip
+from utils.ckpt.bounded import MAX_HASH_WORK_UNWATCHED, check_pickle, check_torch_zip
+from utils.ckpt.index_check import check_storage, index_problem
+from utils.ckpt.pickle_walk import MAX_HASH_WORK
+from utils.ckpt.stoppable import stoppable
 from utils.errors import PiconeoxError, first_line
 
 MAX_INDEX_BYTES = 1 << 30  # a 1.2B model's .metadata is ~1 MB
 MAX_VALUE_BYTES = 1 << 20  # a non-tensor value (an optimizer hyperparameter) is a few hundred bytes
+MAX_SAME_HASH = 8  # keys of one dict or set with one hash: distinct keys share a 64-bit hash only when made to
 
 METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 METADATA_TYPES = ("Metadata", "StorageMeta", "MetadataIndex", "ChunkStorageMetadata", "TensorProperties",
@@ -58,8 +62,9 @@ def metadata_globals() -> frozenset[tuple[str, str]]:
     return frozenset({(METADATA_MODULE, name) for name in METADATA_TYPES} | OTHER_METADATA_GLOBALS | dtypes)
 
 
-class MetadataUnpickler(pickle.Unpickler):
-    """Builds only the allowlisted types; any other global (os.system, builtins.eval, ...) is refused."""
+class Allowlisted:
+    """An unpickler that builds only the allowlisted types; any other global (os.system, builtins.eval, ...) is
+    refused."""
 
     def __init__(self, file, path):
         super().__init__(file)
@@ -69,6 +74,57 @@ class MetadataUnpickler(pickle.Unpickler):
         if (module, name) not in self.allowed:
             raise refusal(self.path, f"{module}.{name}")
         return super().find_class(module, name)
+
+
+class MetadataUnpickler(Allowlisted, pickle.Unpickler):
+    """The C unpickler, for an index whose dicts and sets the walk bounded to bounded.MAX_HASH_WORK_UNWATCHED
+    (entries squared: <= ~3 s of colliding inserts, where no signal is handled): a 1.2B model on 8 ranks."""
+
+
+class WatchedMetadataUnpickler(Allowlisted, pickle._Unpickler):
+    """Python's own unpickler, for a larger index (more ranks): a signal stops it between opcodes, and every key
+    put into a dict or set is hashed first: more than MAX_SAME_HASH keys of one hash (a collision attack,
+    quadratic to insert) are refused. ~3x slower than the C one."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def __init__(self, file, path):
+        super().__init__(file, path)
+        self.hashes = {}
+
+    def count_keys(self, target, keys) -> None:
+        counts = self.hashes.setdefault(id(target), {})
+        for key in keys:
+            h = hash(key)
+            counts[h] = n = counts.get(h, 0) + 1
+            if n > MAX_SAME_HASH:
+                raise PiconeoxError(f"{self.path}: refused to load: more than {MAX_SAME_HASH} keys of one dict or "
+                                    "set share one hash (colliding keys cost their count squared to insert)")
+
+    def load_setitem(self):
+        self.count_keys(self.stack[-3], self.stack[-2:-1])
+        pickle._Unpickler.load_setitem(self)
+
+    def load_setitems(self):
+        self.count_keys(self.metastack[-1][-1], self.stack[::2])
+        pickle._Unpickler.load_setitems(self)
+
+    def load_additems(self):
+        self.count_keys(self.metastack[-1][-1], self.stack)
+        pickle._Unpickler.load_additems(self)
+
+    def load_dict(self):
+        self.count_keys(object(), self.stack[::2])
+        pickle._Unpickler.load_dict(self)
+
+    def load_frozenset(self):
+        self.count_keys(object(), self.stack)
+        pickle._Unpickler.load_frozenset(self)
+
+    for _op, _load in ((pickle.SETITEM, load_setitem), (pickle.SETITEMS, load_setitems), (pickle.DICT, load_dict),
+                       (pickle.ADDITEMS, load_additems), (pickle.FROZENSET, load_frozenset)):
+        dispatch[_op[0]] = _load
+    del _op, _load
 
 
 class RecordView(_ReaderView):
@@ -84,18 +140,23 @@ class SafeFileSystemReader(FileSystemReader):
     check_pickle bounds it) and every record checked before it is loaded (`read_data`)."""
 
     def read_metadata(self, *args, **kwargs):
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with stoppable(path):
+            return self._read_metadata(path)
+
+    def _read_metadata(self, path):
         from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-        path = self._get_metadata_path(kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size  # read what it holds: f.read(MAX + 1) reserved 1 GiB up front
             if size > MAX_INDEX_BYTES:
                 raise PiconeoxError(f"{path}: more than {MAX_INDEX_BYTES:,} bytes, not a checkpoint index")
             data = f.read(size)
-        check_pickle(data, path)  # bounded before any object is built
+        work = check_pickle(data, path, hash_work=MAX_HASH_WORK)  # bounded before any object is built
+        unpickler = MetadataUnpickler if work <= MAX_HASH_WORK_UNWATCHED else WatchedMetadataUnpickler
         try:
-            metadata = MetadataUnpickler(io.BytesIO(data), path).load()
-        except UnsafeCheckpoint:
+            metadata = unpickler(io.BytesIO(data), path).load()
+        except PiconeoxError:
             raise
         except Exception as e:  # truncated or not a pickle at all: the unpickler's errors vary
             why = f"{type(e).__name__}: {first_line(e, 200)}"
@@ -150,58 +211,15 @@ class SafeFileSystemReader(FileSystemReader):
         return done
 
 
-def index_problem(metadata) -> str | None:
-    """What in a DCP index our writer never puts there, or None: entries other than tensors (with a dtype, a
-    shape and chunks inside it) and values; storage records that need a transform (DCP's extensions decompress)."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
-
-    def shape(value) -> bool:
-        return isinstance(value, torch.Size) and all(type(n) is int and n >= 0 for n in value)
-
-    entries = metadata.state_dict_metadata
-    if not isinstance(entries, dict) or not isinstance(metadata.storage_data, dict):
-        return "its entries or storage records are not dictionaries"
-    for key, m in entries.items():
-        if isinstance(m, BytesStorageMetadata) and isinstance(key, str):
-            continue
-        if not (isinstance(key, str) and isinstance(m, TensorStorageMetadata) and shape(m.size)
-                and isinstance(getattr(m.properties, "dtype", None), torch.dtype) and isinstance(m.chunks, list)
-                and all(shape(c.offsets) and shape(c.sizes) and len(c.offsets) == len(c.sizes) == len(m.size) and
-                        all(o + n <= d for o, n, d in zip(c.offsets, c.sizes, m.size)) for c in m.chunks)):
-            return f"entry {str(key)[:100]!r} is not a tensor with a dtype, a shape and chunks inside it"
-    if any(getattr(info, "transform_descriptors", None) for info in metadata.storage_data.values()):
-        return "a storage record needs a transform (compression); piconeox writes none"
-    return None
-
-
-def check_storage(folder: Path, metadata, path) -> None:
-    """Every file the index `path` points into is a plain name of a regular file in `folder`, listed in the folder's
-    COMPLETE marker (when it has one), and every slice lies within that file: a load reads nothing else."""
-    from utils.ckpt.format import read_marker, regular_file
-
-    marker = read_marker(folder)
-    sizes: dict[str, int] = {}
-    for info in metadata.storage_data.values():
-        name, offset, length = (getattr(info, key, None) for key in ("relative_path", "offset", "length"))
-        try:
-            file = regular_file(folder, name)
-        except PiconeoxError as e:
-            raise UnsafeCheckpoint(f"{path}: refused to load: it points at {name!r} ({e})") from None
-        if marker is not None and name not in marker["files"]:
-            raise UnsafeCheckpoint(f"{path}: refused to load: it points at {name}, which its {folder / 'COMPLETE'} "
-                                   "marker does not list (every file a load reads is listed there)")
-        if name not in sizes:
-            sizes[name] = file.stat().st_size if file.is_file() else -1
-        if not (type(offset) is type(length) is int and 0 <= offset and 0 <= length
-                and offset + length <= sizes[name]):
-            raise PiconeoxError(f"{path}: not a readable checkpoint index: it reads {length!r} bytes at {offset!r} "
-                                f"of {name}, which has {max(sizes[name], 0)} bytes")
-
-
 def weights_only_load(source, path, allow=(), item: str = "", mmap: bool = False):
     """`torch.load(weights_only=True)` of `source` (the file `path`, or its part `item`) with the extra globals
     `allow`, once check_torch_zip has bounded it; a refusal is one UnsafeCheckpoint line. `mmap`: tensors stay
     on disk (`source` a path)."""
+    with stoppable(path):
+        return _weights_only_load(source, path, allow, item, mmap)
+
+
+def _weights_only_load(source, path, allow, item: str, mmap: bool):
     check_torch_zip(source, path, item)  # stored records only, a pickle of bounded size and depth
     try:
         with torch.serialization.safe_globals(list(allow)):
@@ -250,7 +268,8 @@ def load_dcp(state: dict, folder: Path, no_dist: bool) -> None:
     reader = SafeFileSystemReader(str(folder))
     reader.read_metadata()  # a refusal here raised inside dcp.load would be folded into an AssertionError
     try:
-        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(folder), no_dist=no_dist)
+        with stoppable(folder):
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(folder), no_dist=no_dist)
     except CheckpointException as e:  # a BaseException: DCP wraps every rank's error in it
         errors = [exc for exc, _ in e.failures.values()]
         raise next((exc for exc in errors if isinstance(exc, PiconeoxError)), errors[0]) from None

@@ -234,5 +234,12 @@ def upload_tree(src_dir: Path, dst: Storage, *, last: str | None = "manifest.jso
 
 def host_dir(root: Path) -> Path:
     """`root/<this machine's name>`: machines sharing a filesystem (NFS, a shared home) each keep their own
-    cache, so one machine's cleanup of stale `.partial` files never deletes another's download in flight."""
-    return Path(root) / (re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host")
+    cache, so one machine's cleanup of stale `.partial` files never deletes another's download in flight.
+    Nodes of one job that share a hostname (several slurmd on one host, containers) are told apart by their
+    Slurm node name (stable across jobs), else by their machine rank."""
+    name = socket.gethostname()
+    node = os.environ.get("SLURMD_NODENAME") or (
+        f"machine-{os.environ['PICONEOX_MACHINE_RANK']}" if os.environ.get("PICONEOX_MACHINE_RANK") else "")
+    if node and node != name.split(".")[0]:
+        name = f"{name}.{node}"
+    return Path(root) / (re.sub(r"[^A-Za-z0-9._-]", "_", name) or "host")

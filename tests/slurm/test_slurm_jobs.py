@@ -1,0 +1,150 @@
+"""configs/slurm/train.sbatch on a real two-node Slurm cluster (tests/support/slurm.py): CPU jobs of the test preset
+that find their machines themselves, stop cleanly on scancel and resume from the bucket with --resume auto.
+
+Both nodes run on this host and share one working folder (data/, checkpoints/, logs/), as cluster nodes share NFS.
+"""
+import contextlib
+import json
+import math
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import REPO
+
+SBATCH = REPO / "configs" / "slurm" / "train.sbatch"
+# A tiny model, a few steps: the scheduler's part is what these tests check
+TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set", "model.num_heads=4", "--set",
+        "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4", "--log-every", "1", "--warmup-steps",
+        "2", "--lr", "3e-3", "--eval-every", "1000", "--eval-batches", "1", "--keep-last", "100", "--dataset-percent",
+        "5", "--grace-seconds", "45"]  # below the test cluster's KillWait (60 s)
+JOB = 300  # s: bounds that only catch a hang (a job here takes well under a minute on an idle 2-core box)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """The shared working folder of this module's jobs (the demo data is prepared there once)."""
+    return tmp_path_factory.mktemp("slurm-work")
+
+
+def submit(slurm, work: Path, run: str, *extra: str, nodes: int = 2, launcher: tuple = ()) -> int:
+    return slurm.sbatch([f"--nodes={nodes}", f"--chdir={work}", str(SBATCH), "--config", "test", "--gpus", "0",
+                         "--data", "demo", *launcher, "--", *TINY, "--run-name", run, "--checkpoint-bucket",
+                         str(work / "bucket"), *extra], cwd=REPO)
+
+
+def outputs(work: Path, job: int) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}" for p in sorted(work.glob(f"slurm-*-{job}*.out")))
+
+
+def complete_steps(work: Path, run: str) -> list[int]:
+    """The bucket's complete checkpoints of `run` (a step counts once its COMPLETE marker exists)."""
+    return sorted(int(p.parent.name.removeprefix("step-")) for p in (work / "bucket" / run).glob("step-*/COMPLETE"))
+
+
+def losses(work: Path, run: str) -> dict[int, float]:
+    rows = json.loads((work / "logs" / run / "history.json").read_text())
+    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+
+def wait_for(condition, what: str, timeout: float = JOB):
+    end = time.monotonic() + timeout
+    while not (found := condition()):
+        if time.monotonic() > end:
+            raise TimeoutError(f"{what} not within {timeout} s")
+        time.sleep(0.2)
+    return found
+
+
+def finished(slurm, work: Path, job: int, state: str = "COMPLETED") -> dict:
+    got = slurm.wait_state(job, {state}, JOB)
+    info = slurm.job(job)
+    assert got == state, f"job {job} {got} ({info.get('ExitCode')}), wanted {state}:\n{outputs(work, job)}"
+    assert "Traceback" not in outputs(work, job), outputs(work, job)
+    return info
+
+
+def test_two_nodes_train_stop_on_scancel_and_resume(slurm, work):
+    """sbatch -N 2: one complete checkpoint per save; scancel mid-run saves a newer one on both nodes and exits 0;
+    the same line again with --resume auto reaches the uninterrupted run's losses."""
+    ref = submit(slurm, work, "ref", "--max-steps", "20", "--save-every", "4")
+    info = finished(slurm, work, ref)
+    assert info["NodeList"] == "n[1-2]" and info["ExitCode"] == "0:0"
+    assert complete_steps(work, "ref") == [4, 8, 12, 16, 20]
+    log = outputs(work, ref)
+    assert "2 process(es)" in log and "stopped at step 20: max steps reached" in log, log
+    want = losses(work, "ref")
+    assert sorted(want) == list(range(1, 21))
+
+    line = ("--max-steps", "20", "--save-every", "4", "--resume", "auto")
+    cut = submit(slurm, work, "cut", *line)
+    wait_for(lambda: complete_steps(work, "cut"), "the first checkpoint of the run to cancel")
+    before = complete_steps(work, "cut")
+    slurm.out(["scancel", str(cut)])
+    finished(slurm, work, cut, "CANCELLED")
+    after = complete_steps(work, "cut")
+    log = outputs(work, cut)
+    assert after[-1] > before[-1], (before, after, log)  # the stop's own save, complete in the bucket
+    assert f"{signal.SIGTERM.name} received" in log or "asked to stop" in log, log
+    assert not [line for line in log.splitlines() if line.startswith("error:")], log  # ours; Slurm's say CANCELLED
+    stopped = after[-1]
+    assert stopped < 20, "the cancel came too late to cut the run short"
+
+    again = submit(slurm, work, "cut", *line)
+    finished(slurm, work, again)
+    assert f"at step {stopped} (" in outputs(work, again), outputs(work, again)  # resumed from the stop's save
+    assert complete_steps(work, "cut")[-1] == 20
+    got = losses(work, "cut")
+    for step in range(stopped + 1, 21):
+        assert math.isclose(got[step], want[step], rel_tol=1e-5), (step, got[step], want[step])
+
+
+def test_one_node_job(slurm, work):
+    """sbatch -N 1: one machine, no address or rank to find; the run trains and saves."""
+    job = submit(slurm, work, "one", "--max-steps", "4", "--save-every", "2", nodes=1)
+    finished(slurm, work, job)
+    assert complete_steps(work, "one") == [2, 4]
+    assert "1 training process(es)" in outputs(work, job)
+
+
+def test_contradicting_num_machines_refused_before_start(slurm, work):
+    """--num-machines 3 in a 2-node job: the error line, nothing launched, the job failed."""
+    job = submit(slurm, work, "bad", "--max-steps", "4", launcher=("--num-machines", "3"))
+    finished(slurm, work, job, "FAILED")  # exit 2, or 143 where srun's --kill-on-bad-exit ended the other node first
+    log = outputs(work, job)
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert errors and set(errors) == {"error: --num-machines 3 contradicts the Slurm allocation (2); drop "
+                                      "--num-machines or make it 2"}, log
+    assert "training process" not in log
+    assert not (work / "logs" / "bad").exists() and not (work / "bucket" / "bad").exists()
+
+
+def job_processes(job: int, node: int | None = None) -> list[int]:
+    """Pids of the job's step processes (the launcher and everything under it), by the environment Slurm gave them."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            env = dict(v.split("=", 1) for v in environ.read_bytes().decode(errors="replace").split("\0") if "=" in v)
+        except OSError:
+            continue
+        if env.get("SLURM_JOB_ID") == str(job) and "SLURM_STEP_ID" in env and env.get("SLURMD_NODENAME") and (
+                node is None or env.get("SLURM_NODEID") == str(node)):
+            found.append(int(environ.parent.name))
+    return found
+
+
+def test_a_node_killed_ends_the_other_and_the_job_fails(slurm, work):
+    """kill -9 of every process of node 1: node 0 ends soon after (not at its collective timeout) and the job FAILED."""
+    job = submit(slurm, work, "killed", "--max-steps", "1000", "--save-every", "2", "--step-timeout-minutes", "0.5")
+    wait_for(lambda: complete_steps(work, "killed"), "the first checkpoint")
+    for pid in wait_for(lambda: job_processes(job, node=1), "node 1's processes"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    started = time.monotonic()
+    assert slurm.wait_state(job, {"FAILED"}, JOB) == "FAILED", outputs(work, job)
+    assert time.monotonic() - started < 90, outputs(work, job)  # srun's --kill-on-bad-exit; the step timeout is 30 s
+    wait_for(lambda: not job_processes(job), "every process of the job to end", timeout=60)
+    assert complete_steps(work, "killed")  # the checkpoints made before stay complete

@@ -1,0 +1,177 @@
+"""The machines a scheduler gave this job: read inside a Slurm job or a Kubernetes torch job, merged with the flags.
+
+start_training.sh asks this module before anything starts. Inside a Slurm job step (one launcher per node:
+configs/slurm/train.sbatch) the allocation fixes the number of machines (the step's nodes), this machine's rank
+(SLURM_NODEID), the GPUs per machine (SLURM_GPUS_ON_NODE, else SLURM_GPUS_PER_NODE) and the main address: the
+first node's NodeAddr as `scontrol show node` gives it (a name that resolves to loopback is refused later by
+utils/run/network.py, as for a typed --main-process-ip). The port is derived from the job id, so two jobs
+sharing a node never collide. Kubernetes operators for torch jobs (Kubeflow PyTorchJob, JobSet) set
+MASTER_ADDR/MASTER_PORT, the machine count (PET_NNODES, else WORLD_SIZE: pods, one launcher each) and the
+machine's rank (PET_NODE_RANK, NODE_RANK, RANK, else the indexed job's JOB_COMPLETION_INDEX).
+
+A flag the user passes wins when it agrees; one that contradicts the allocation is one `error:` line. Slurm only
+proposes an address and a port: a --main-process-ip (another interface of the first node, say) or
+--main-process-port replaces them.
+
+    python -m utils.run.allocation MACHINES RANK IP PORT GPUS   # the flags ('' = not given); prints 5 lines
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from utils.errors import PiconeoxError, cli
+
+BATCH_STEP = "4294967294"  # Slurm's id of the batch script's step (SLURM_BATCH_SCRIPT), where it sets one
+PORT_BASE, PORT_SPAN = 10000, 20000  # below Linux's ephemeral range (32768+), where outgoing connections live
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What the scheduler decided; None where it says nothing. `source` names it in error lines."""
+    source: str
+    machines: int
+    rank: int | None = None
+    ip: str | None = None
+    port: int | None = None
+    gpus: int | None = None
+    binding: tuple[str, ...] = ("machines", "rank", "gpus")  # the fields a contradicting flag may not override
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name, "")
+    if value == "":
+        return None
+    if not re.fullmatch(r"\d{1,9}", value):
+        raise PiconeoxError(f"{name}={value!r} in the environment is not a whole number")
+    return int(value)
+
+
+def _first(env: Mapping[str, str], *names: str) -> tuple[str, int] | None:
+    """(name, value) of the first of `names` that is set."""
+    return next(((n, v) for n in names if (v := _int(env, n)) is not None), None)
+
+
+def slurm_gpus(env: Mapping[str, str]) -> int | None:
+    """GPUs per node in the allocation: SLURM_GPUS_ON_NODE (this node's), else SLURM_GPUS_PER_NODE ('8', 'h100:8')."""
+    if (on_node := _int(env, "SLURM_GPUS_ON_NODE")) is not None:
+        return on_node
+    per_node = env.get("SLURM_GPUS_PER_NODE", "")
+    if m := re.fullmatch(r"(?:[\w.-]+:)?(\d{1,6})", per_node):
+        return int(m.group(1))
+    return None
+
+
+def scontrol_first_address(nodelist: str) -> str:
+    """The first node of a Slurm node list ('n[1-2]') and its NodeAddr, through `scontrol`."""
+    def run(*args: str) -> str:
+        try:
+            done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise PiconeoxError(f"cannot run `scontrol {' '.join(args)}` ({e}): pass --main-process-ip") from None
+        if done.returncode != 0:
+            raise PiconeoxError(f"`scontrol {' '.join(args)}` failed: {done.stderr.strip()[:200]}; "
+                                "pass --main-process-ip") from None
+        return done.stdout
+
+    first = run("show", "hostnames", nodelist).split()[0]
+    addr = re.search(r"\bNodeAddr=(\S+)", run("show", "node", "-o", first))
+    return addr.group(1) if addr else first
+
+
+def from_slurm(env: Mapping[str, str], first_address: Callable[[str], str] = scontrol_first_address) -> Allocation:
+    """The allocation of the Slurm job step this process runs in."""
+    job = _int(env, "SLURM_JOB_ID")
+    job_nodes = _first(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+    nodes = job_nodes[1] if job_nodes else 1
+    if env.get("SLURM_STEP_ID", BATCH_STEP) == BATCH_STEP:  # the batch script (or an salloc shell): the first node
+        if nodes > 1:
+            raise PiconeoxError(f"Slurm job {job} has {nodes} nodes but start_training.sh runs outside a job step (on "
+                                "one node): start it with `srun --ntasks-per-node=1` (configs/slurm/train.sbatch does)")
+        return Allocation("Slurm", 1, gpus=slurm_gpus(env))
+    nodes = _int(env, "SLURM_STEP_NUM_NODES") or nodes
+    tasks = _int(env, "SLURM_STEP_NUM_TASKS") or _int(env, "SLURM_NTASKS") or nodes
+    if tasks != nodes:
+        raise PiconeoxError(f"Slurm step runs {tasks} tasks on {nodes} node(s): start_training.sh must run once per "
+                            "node (`srun --ntasks-per-node=1`, as configs/slurm/train.sbatch does); it starts one "
+                            "process per GPU itself")
+    rank = _int(env, "SLURM_NODEID") or 0
+    ip = first_address(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")) if nodes > 1 else None
+    port = PORT_BASE + (job or 0) % PORT_SPAN if nodes > 1 else None
+    return Allocation("Slurm", nodes, rank, ip, port, slurm_gpus(env))
+
+
+def from_torch_operator(env: Mapping[str, str]) -> Allocation | None:
+    """What a Kubernetes torch job's variables say; None when they are not set."""
+    addr = env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR")
+    count = _first(env, "PET_NNODES", "WORLD_SIZE")
+    if not addr or count is None:
+        return None
+    name, machines = count
+    rank = _first(env, "PET_NODE_RANK", "NODE_RANK", "RANK", "JOB_COMPLETION_INDEX")
+    if machines < 1:
+        raise PiconeoxError(f"{name}={machines} in the environment: a job needs at least one machine")
+    if machines > 1 and rank is None:
+        raise PiconeoxError(f"{name}={machines} but no machine rank in the environment (PET_NODE_RANK, NODE_RANK, "
+                            "RANK or JOB_COMPLETION_INDEX): pass --machine-rank")
+    if rank is not None and rank[1] >= machines:
+        raise PiconeoxError(f"{rank[0]}={rank[1]} is out of range for {name}={machines} (allowed 0..{machines - 1})")
+    if machines == 1:
+        return Allocation("Kubernetes", 1, binding=("machines",))
+    port = _first(env, "PET_MASTER_PORT", "MASTER_PORT")
+    return Allocation("Kubernetes", machines, rank[1], addr, port[1] if port else 29500,
+                      binding=("machines", "rank", "ip", "port"))
+
+
+def detect(env: Mapping[str, str], first_address: Callable[[str], str] = scontrol_first_address) -> Allocation | None:
+    """The scheduler's allocation, Slurm first (its users often export MASTER_ADDR themselves); None outside one."""
+    if env.get("SLURM_JOB_ID"):
+        return from_slurm(env, first_address)
+    return from_torch_operator(env)
+
+
+FLAGS = {"machines": "--num-machines", "rank": "--machine-rank", "ip": "--main-process-ip",
+         "port": "--main-process-port", "gpus": "--gpus"}
+
+
+def merge(found: Allocation | None, **flags: str | int | None) -> dict[str, str | int | None]:
+    """The flags (None = not given) completed by the allocation; a given flag that contradicts it raises."""
+    if found is None:
+        return flags
+    merged = dict(flags)
+    for key, given in flags.items():
+        decided = getattr(found, key)
+        if decided is None:
+            continue
+        if given is None:
+            merged[key] = decided
+        elif str(given) != str(decided) and key in found.binding:
+            raise PiconeoxError(f"{FLAGS[key]} {given} contradicts the {found.source} allocation ({decided}); "
+                                f"drop {FLAGS[key]} or make it {decided}")
+    if merged["machines"] == 1:  # one machine: no rank or address to pass
+        merged.update(rank=flags["rank"], ip=flags["ip"], port=flags["port"])
+    return merged
+
+
+@cli
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != len(FLAGS):
+        print("usage: python -m utils.run.allocation MACHINES RANK IP PORT GPUS ('' for a flag not given)",
+              file=sys.stderr)
+        return 2
+    flags = {k: (v if v != "" else None) for k, v in zip(FLAGS, argv)}
+    for key, value in flags.items():
+        if value is not None and key != "ip":
+            flags[key] = int(value)  # start_training.sh checked them
+    merged = merge(detect(os.environ), **flags)
+    print("\n".join("" if merged[k] is None else str(merged[k]) for k in FLAGS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
