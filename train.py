@@ -120,8 +120,13 @@ def prepare(model, tc: TrainConfig, accelerator: Accelerator):
     from utils.sharding import check_prepared
 
     sharded = accelerator.is_fsdp2
-    optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2))
-    scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio)
+    if tc.optimizer == "muon" and sharded:
+        raise PiconeoxError("train.optimizer=muon: not with FSDP2 (Muon orthogonalises whole matrices, each rank "
+                            "holds a shard); use optimizer adamw, or DDP")
+    optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2), tc.optimizer,
+                                tc.muon_lr, tc.muon_momentum)
+    scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio, tc.lr_schedule,
+                                tc.decay_fraction)
     model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
     check_prepared(accelerator, model, sharded)  # still FSDP2 after prepare(), as the start-up line says
     if tc.compile == "on" or (tc.compile == "auto" and accelerator.device.type == "cuda"):

@@ -241,4 +241,5 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "production": PRODUCTION,
     "shakespeare-char": SHAKESPEARE_CHAR,
     "shakespeare-char-fast": CHAR_FAST,
+    "shakespeare-char-best": CHAR_FAST,
 }

@@ -12,6 +12,8 @@ TOKENIZERS = ("char", "byte", "bpe")
 MATMUL_PRECISION = ("highest", "high", "medium")
 ATTENTION = ("sdpa", "eager")
 BEST_FINAL_WEIGHTS = ("raw", "ema")
+OPTIMIZERS = ("adamw", "muon")
+LR_SCHEDULES = ("cosine", "wsd")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,21 @@ class TrainConfig(ConfigBase):
     min_lr_ratio: float = 0.1
     """The cosine schedule ends at learning_rate * min_lr_ratio."""
     warmup_steps: int = 100
+    lr_schedule: str = "cosine"
+    """After the warmup: cosine (down to learning_rate * min_lr_ratio at max_steps) or wsd (warmup-stable-decay:
+    the peak held, then a linear decay to the same floor over the last decay_fraction of the steps)."""
+    decay_fraction: float = 0.2
+    """wsd only: the share of max_steps spent decaying, in (0, 1]."""
+    optimizer: str = "adamw"
+    """adamw (every parameter), or muon: torch.optim.Muon (Nesterov momentum, Newton-Schulz orthogonalised steps)
+    on the 2-D weights inside the layers (attention and MLP projections), fused AdamW (learning_rate, beta1/beta2)
+    on the embedding, the output head, biases and norms. Both decay with weight_decay; one schedule scales both
+    lrs. Not with FSDP2 (sharded parameters): the run refuses it there."""
+    muon_lr: float = 0.02
+    """Muon's peak lr (optimizer muon). Each matrix's step is scaled to AdamW's update size (torch's
+    adjust_lr_fn="match_rms_adamw": 0.2 sqrt(max(rows, cols))), so it reads like an AdamW lr."""
+    muon_momentum: float = 0.95
+    """Muon's momentum (Nesterov), in [0, 1)."""
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -100,6 +117,13 @@ class TrainConfig(ConfigBase):
         self.check_float("grad_clip", lambda v: v > 0, "a number > 0")
         for beta in ("beta1", "beta2"):  # AdamW's moment decay rates
             self.check_float(beta, lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.9 or 0.95")
+        self.check_float("decay_fraction", lambda v: 0 < v <= 1, "in (0, 1], e.g. 0.2")
+        self.check_float("muon_lr", lambda v: v > 0, "a number > 0, e.g. 0.02")
+        self.check_float("muon_momentum", lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.95")
+        if self.optimizer not in OPTIMIZERS:
+            raise PiconeoxError(f"train.optimizer={self.optimizer!r}: allowed {', '.join(OPTIMIZERS)}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise PiconeoxError(f"train.lr_schedule={self.lr_schedule!r}: allowed {', '.join(LR_SCHEDULES)}")
         self.check_float("ema_decay", lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.999 (0 = no EMA)")
         ema_without_decay = self.best_final_weights == "ema" and not self.ema_decay
         if self.best_final_weights not in BEST_FINAL_WEIGHTS or ema_without_decay:

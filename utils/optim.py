@@ -1,4 +1,4 @@
-"""AdamW with weight-decay groups and the warmup + cosine learning-rate schedule."""
+"""The optimizers (AdamW, or Muon for the hidden matrices with AdamW for the rest) and the lr schedules."""
 from __future__ import annotations
 
 import math
@@ -15,8 +15,66 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.AdamW:
-    """AdamW with the fused kernel: on CPU too, where PyTorch's default is a per-tensor loop (3-4x slower)."""
+def muon_matrices(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The 2-D weights inside the transformer layers (attention and MLP projections): what Muon takes. The
+    embedding and the output head stay with AdamW (a lookup table and a classifier, not hidden maps: Keller
+    Jordan's Muon recipe), as do biases and norms (1-D)."""
+    outer = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
+             for p in m.parameters()}
+    return [p for p in model.parameters() if p.requires_grad and p.dim() == 2 and id(p) not in outer]
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """torch.optim.Muon on `muon_matrices`, fused AdamW on every other parameter, as ONE torch optimizer: one
+    state dict (Muon's `momentum_buffer`, AdamW's `exp_avg`/`exp_avg_sq`/`step`, keyed by parameter), so the
+    checkpoint's optimizer part saves and resumes both, and one LambdaLR scales both lrs. AdamW's groups come
+    first (the lr a run reports is learning_rate's), Muon's last, with `muon: True`."""
+
+    def __init__(self, model, lr: float, weight_decay: float, betas: tuple[float, float], muon_lr: float,
+                 muon_momentum: float):
+        matrices = muon_matrices(model)
+        taken = {id(p) for p in matrices}
+        rest = [g | {"params": [p for p in g["params"] if id(p) not in taken]}
+                for g in param_groups(model, weight_decay)]
+        # "match_rms_adamw" scales each matrix's step to AdamW's typical update size (0.2 sqrt(max dim)), so
+        # muon_lr reads like an AdamW lr and carries across widths (Moonshot's Muon paper).
+        self._muon = torch.optim.Muon(matrices, lr=muon_lr, weight_decay=weight_decay, momentum=muon_momentum,
+                                      adjust_lr_fn="match_rms_adamw")
+        self._adamw = torch.optim.AdamW([g for g in rest if g["params"]], lr=lr, betas=betas, fused=True)
+        for g in self._muon.param_groups:
+            g["muon"] = True
+        for g in self._adamw.param_groups:
+            g["muon"] = False
+        super().__init__(self._adamw.param_groups + self._muon.param_groups, {})
+        self._link()
+
+    def _link(self):
+        """Point both inner optimizers at this one's groups and state (load_state_dict replaces both)."""
+        n = sum(not g["muon"] for g in self.param_groups)
+        self._adamw.param_groups, self._muon.param_groups = self.param_groups[:n], self.param_groups[n:]
+        self._muon.state = self._adamw.state = self.state
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        self._link()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._muon.step()
+        self._adamw.step()
+        return loss
+
+
+def build_optimizer(model, lr: float, weight_decay: float, betas: tuple[float, float], kind: str = "adamw",
+                    muon_lr: float = 0.0, muon_momentum: float = 0.95) -> torch.optim.Optimizer:
+    """AdamW with the fused kernel (on CPU too, where PyTorch's default is a per-tensor loop, 3-4x slower), or
+    `MuonWithAdamW` for kind "muon"."""
+    if kind == "muon":
+        return MuonWithAdamW(model, lr, weight_decay, betas, muon_lr, muon_momentum)
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, fused=True)
 
 
@@ -32,6 +90,27 @@ def warmup_cosine(warmup_steps: int, max_steps: int, min_lr_ratio: float):
     return factor
 
 
-def build_scheduler(optimizer, warmup_steps: int, max_steps: int, min_lr_ratio: float):
+def warmup_stable_decay(warmup_steps: int, max_steps: int, min_lr_ratio: float, decay_fraction: float):
+    """Linear warmup, the peak lr held, then a linear decay to the floor over the last `decay_fraction` of the
+    steps (WSD: the schedule of the modded-nanoGPT speedruns and MiniCPM)."""
+    decay_start = max(warmup_steps, max_steps - round(decay_fraction * max_steps))
+
+    def factor(s: int) -> float:
+        if s < warmup_steps:
+            return (s + 1) / warmup_steps
+        if s < decay_start:
+            return 1.0
+        progress = min(1.0, (s - decay_start) / max(1, max_steps - decay_start))
+        return 1.0 - (1.0 - min_lr_ratio) * progress
+
+    return factor
+
+
+def build_scheduler(optimizer, warmup_steps: int, max_steps: int, min_lr_ratio: float, kind: str = "cosine",
+                    decay_fraction: float = 0.2):
     """A LambdaLR stepped by the trainer once per optimizer step (never per micro-step or per process)."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup_steps, max_steps, min_lr_ratio))
+    if kind == "wsd":
+        factor = warmup_stable_decay(warmup_steps, max_steps, min_lr_ratio, decay_fraction)
+    else:
+        factor = warmup_cosine(warmup_steps, max_steps, min_lr_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

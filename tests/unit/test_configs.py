@@ -33,17 +33,18 @@ def test_rp2040_parameter_counts_match_measured_shapes():
                       "pico-fast": 19560, "pico-best": 46448}
 
 
-def test_fast_char_preset_trains_on_the_same_data_and_windows_with_a_cheaper_model_and_fewer_steps():
-    """shakespeare_char.sh scores both presets against nanoGPT on the same 64-token val windows: the fast recipe
-    may change the model and schedule, not the data, tokenizer, window or batch."""
-    like, fast = resolve_config("shakespeare-char", None, {}), resolve_config("shakespeare-char-fast", None, {})
+@pytest.mark.parametrize("preset", ["shakespeare-char-fast", "shakespeare-char-best"])
+def test_time_to_quality_presets_train_on_the_same_data_and_windows_with_a_cheaper_model(preset):
+    """shakespeare_char.sh scores these presets against nanoGPT on the same 64-token val windows: the recipes
+    may change the model, optimizer and schedule, not the data, tokenizer, window or batch."""
+    like, fast = resolve_config("shakespeare-char", None, {}), resolve_config(preset, None, {})
     same = ("data", "tokenizer", "seq_len", "micro_batch_size", "grad_accum_steps", "beta2", "matmul_precision",
             "attention")
     assert [getattr(fast.train, k) for k in same] == [getattr(like.train, k) for k in same]
     assert fast.model.max_position_embeddings == like.model.max_position_embeddings == like.train.seq_len
     cheaper = count_parameters(build_model(fast.model.with_vocab(66))) < count_parameters(
         build_model(like.model.with_vocab(66)))
-    assert cheaper and fast.train.max_steps < like.train.max_steps
+    assert cheaper and fast.train.max_steps < like.train.max_steps and fast.train.optimizer == "muon"
     assert fast.train.learning_rate > like.train.learning_rate
     assert fast.model.rotary_dims == fast.model.head_dim  # RoPE on every dim: the lever that paid most per step
     assert fast.train.max_steps % fast.train.save_every == 0  # its last step is a full, resumable checkpoint
