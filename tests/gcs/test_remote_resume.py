@@ -148,8 +148,9 @@ def test_a_checkpoint_that_never_reached_a_directory_bucket_exits_3_and_push_fin
     from utils import push_checkpoint
     from utils.ckpt.remote import newest_verified
 
-    bucket = tmp_path / "bucket"
-    bucket.write_text("a file where the bucket folder should be: every upload fails")
+    bucket = tmp_path / "bucket"  # a file as the bucket itself is refused before the run (issue 42 item 18)
+    bucket.mkdir()
+    (bucket / "run").write_text("a file where the run's folder in the bucket should be: every upload fails")
     # a time limit stops it before its first evaluation (the one at --max-steps)
     code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "1000", "--save-every", "2", "--eval-every", "1000",
                                 "--max-training-hours", "0.0005", "--checkpoint-bucket", str(bucket),
@@ -165,7 +166,7 @@ def test_a_checkpoint_that_never_reached_a_directory_bucket_exits_3_and_push_fin
     next_block = log.split("next:", 1)[1]
     assert "/best" not in next_block and f"utils.generate {run_dir / 'final'}" in next_block  # no eval ran: no best/
 
-    bucket.unlink()  # the bucket is back: the printed command, as printed, from another folder, finishes the upload
+    (bucket / "run").unlink()  # the bucket is back: the printed command, as printed, from another folder, finishes it
     done = subprocess.run(shlex.split(line.split("upload it with: ", 1)[1]), cwd=tmp_path, capture_output=True,
                           text=True)
     assert done.returncode == 0 and done.stdout.startswith("uploaded "), done.stderr

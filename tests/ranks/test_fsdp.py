@@ -65,7 +65,8 @@ def test_fsdp2_run_ends_cleanly_with_its_sample(parity):
     log = (out / "logs" / "run" / "training.log").read_text()
     assert "collective timeout 60 min" in log  # read back from the gloo group: the flag's default, not torch's 30
     # After step 1 a hang fails within --step-timeout-minutes (read back from each group), not within 60 minutes
-    assert "collective timeout 10 min from step 2 on (stop vote 10 min, checkpoint savers 60 min)" in log
+    assert ("collective timeout 10 min from step 2 on (FSDP2 shard group 10 min, stop vote 10 min, checkpoint savers "
+            "60 min)") in log
     assert "sample:\nOnce upon a time" in log
     assert check_complete(out / "ckpt" / "run" / "final") is None
 
