@@ -10,6 +10,13 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import signal  # noqa: E402
+
+# A shell starts background jobs (`nohup ... &`, CI wrappers) with SIGINT ignored, and an ignored signal stays ignored
+# across exec: every run a test Ctrl-Cs would then train on. The test runner takes Ctrl-C as a terminal gives it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 from pathlib import Path
 
 import pytest

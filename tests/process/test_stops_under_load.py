@@ -9,12 +9,20 @@ import sys
 
 import pytest
 
-from tests.support.loaded import ROUNDS, both_cores_loaded, ended, output, start, training, tree, wait_for
+from tests.support.loaded import (ROUNDS, both_cores_loaded, ended, kill_leftovers, output, start, training, tree,
+                                  wait_for)
 from tests.support.paths import REPO
 from utils.ckpt.format import check_complete, read_marker, step_dir_name
 
 MEDIUM = ["--set", "model.hidden_size=512", "--set", "model.num_layers=6", "--set", "model.num_heads=8", "--set",
           "model.intermediate_size=2048"]  # a 240 MB checkpoint: its write takes seconds on a busy box
+
+
+@pytest.fixture(autouse=True)
+def nothing_outlives_the_test():
+    """A test that fails midway leaves no run training (and taking the cores) behind it."""
+    yield
+    kill_leftovers()
 
 
 def clean(text: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -34,8 +35,25 @@ def start(work: Path, data: Path, procs: int, *extra: str) -> subprocess.Popen:
            "--log-dir", str(work / "logs"), "--run-name", "r", *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PICONEOX_", "OMP_NUM_THREADS"))}
     out = open(work / "out", "w")  # a file: an unread pipe would fill up and block the run
-    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**env, "PICONEOX_FAKE_GPUS": "0"},
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**env, "PICONEOX_FAKE_GPUS": "0"},
                             start_new_session=True)
+    STARTED.append(proc)
+    return proc
+
+
+STARTED: list[subprocess.Popen] = []  # the runs `start` began: a failed test kills what is left of them
+
+
+def kill_leftovers() -> None:
+    """SIGKILL every process of every run `start` began (each leads its own session), then forget them."""
+    for proc in STARTED:
+        for pid in reversed([pid for pid, _ in tree(proc.pid)]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    STARTED.clear()
 
 
 def output(work: Path) -> str:
