@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tests.support.chaos import TINY, alive, tree
 from tests.support.paths import REPO
+from tests.support.ranks import kill_tree
 
 ROUNDS = 2  # each stop is tried this many times on the loaded box: several, and few enough for the CI budget
 
@@ -47,9 +48,7 @@ STARTED: list[subprocess.Popen] = []  # the runs `start` began: a failed test ki
 def kill_leftovers() -> None:
     """SIGKILL every process of every run `start` began (each leads its own session), then forget them."""
     for proc in STARTED:
-        for pid in reversed([pid for pid, _ in tree(proc.pid)]):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_tree(proc.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -7,10 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support.chaos import tree
 from tests.support.paths import REPO
 
 # train.py flags of the launcher tests (--config comes from the launcher)
@@ -86,15 +86,7 @@ def start_two_ranks(script: str, *args: str) -> list[subprocess.Popen]:
 def kill_tree(pid: int) -> None:
     """SIGKILL `pid` and every process below it (torchrun starts its workers in sessions of their own), as a
     machine that is lost takes all of its processes at once."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError):
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-    tree, frontier = [pid], [pid]
-    while frontier:
-        frontier = [child for child, parent in parents.items() if parent in frontier]
-        tree += frontier
-    for member in tree:
+    for member, _ in tree(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(member, signal.SIGKILL)
 
