@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from tests.support.paths import REPO
-from tests.support.training import run
 from utils.evaluate import main as evaluate_main
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
@@ -14,16 +13,10 @@ TASKS = REPO / "tests" / "support" / "lm_eval_tasks"
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tiny_data):
-    """A 6-step run: best/, final/ and step-00000006/."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    code, _, folder = run(tmp_path_factory.mktemp("eval"), tiny_data, "--max-steps", "6", "--eval-every", "6",
-                          "--save-every", "6")
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    assert code == 0
-    return folder
+def run_dir(trained):
+    """The session's 10-step run (tests/conftest.py, trained once for every tier): best/, final/ and
+    step-00000010/. Evaluation only reads it."""
+    return trained / "ckpt" / "run"
 
 
 def load(folder):
@@ -69,11 +62,11 @@ def test_word_perplexity_of_wikitext_equals_a_hand_computation(tmp_path, run_dir
     text = (shared_data / "wikitext-2" / "valid.txt").read_text(encoding="utf-8")[:700]
     (tmp_path / "wiki.txt").write_text(text, encoding="utf-8")
     out = tmp_path / "ppl.json"
-    assert evaluate_main([str(run_dir / "step-00000006"), "--eval-perplexity", str(tmp_path / "wiki.txt"),
+    assert evaluate_main([str(run_dir / "step-00000010"), "--eval-perplexity", str(tmp_path / "wiki.txt"),
                           "--output", str(out)]) == 0
     got = json.loads(out.read_text())["perplexity"]
 
-    model, tok = load(run_dir / "step-00000006")
+    model, tok = load(run_dir / "step-00000010")
     ids, ctx = tok.encode(text), model.config.max_position_embeddings
     windows = [([tok.eos_token_id] + ids[:ctx - 1], ids[:ctx])]  # the first token is predicted after <|endoftext|>
     predicted = ctx
