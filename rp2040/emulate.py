@@ -216,7 +216,7 @@ def emulate(model_dir: Path, prompt: str = DEFAULT_PROMPT, tokens: int = DEFAULT
     except (IndexError, json.JSONDecodeError):
         raise PiconeoxError(f"emulator failed: {node_error(stderr)}") from None
     if summary["status"] == "no_boot":
-        raise PiconeoxError(f"the emulated Pico did not reach the MicroPython REPL within {BOOT_S:.0f} emulated "
+        raise PiconeoxError(f"the emulated Pico did not reach the MicroPython REPL within {BOOT_S:g} emulated "
                             f"seconds: is {firmware} a RPI_PICO MicroPython firmware? "
                             "(https://micropython.org/download/RPI_PICO/)")
     if summary["status"] != "ok" or result is None:
