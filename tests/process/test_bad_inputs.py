@@ -354,15 +354,23 @@ def files_below(*roots):
     return {p: p.read_bytes() for root in roots for p in sorted(Path(root).rglob("*")) if p.is_file()}
 
 
-@pytest.fixture
-def finished_run(tmp_path, tiny_data, fresh_accelerate_state):
-    """A 2-step run `r` (step-00000002, best, final) and the flags every refusal below shares."""
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_data):
+    """A 2-step run `r` (step-00000002, best, final) and the flags every refusal below shares. Trained once: each
+    test below asserts that its refusals leave these files byte for byte as they were."""
+    from accelerate.state import AcceleratorState, GradientState
+
     import train
 
-    ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
+    root = tmp_path_factory.mktemp("finished")
+    ckpt, logs = root / "ckpt", root / "logs"
     common = [*TINY[2:], "--output-dir", str(ckpt), "--log-dir", str(logs), "--grace-seconds", "1"]
-    assert train.main([*TINY, *common, "--data", str(tiny_data), "--run-name", "r", "--max-steps", "2",
-                       "--eval-every", "2", "--save-every", "2"]) == 0
+    try:
+        assert train.main([*TINY, *common, "--data", str(tiny_data), "--run-name", "r", "--max-steps", "2",
+                           "--eval-every", "2", "--save-every", "2"]) == 0
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
     return ckpt, logs, common
 
 
