@@ -3,12 +3,14 @@ same losses as DDP, checkpoints moving between the two, and HSDP over two simula
 parity, timeout and resume tests)."""
 import json
 import os
+import shutil
 import sys
 
 import pytest
 
+from tests.support.hostile_checkpoints import remark
 from tests.support.paths import REPO
-from tests.support.ranks import FSDP_CONFIG, launch, machines, run_bounded
+from tests.support.ranks import FSDP_CONFIG, TINY, launch, machines, run_bounded
 from utils.ckpt.format import check_complete, read_marker, step_dir_name
 
 # fp32, 2 ranks x micro batch 1 x accumulation 4 (the 8 blocks per step of test_distributed.py's runs), 30 steps
@@ -88,6 +90,26 @@ def test_a_checkpoint_moves_from_ddp_to_fsdp2_and_back(parity, tiny_data, tmp_pa
     assert "(DDP)" in proc.stderr
     assert relative_gap(four[15:], straight[15:]) < 1e-5
     assert relative_gap(two[20:], straight[20:]) < 1e-5
+
+
+def test_one_ranks_refused_file_is_every_ranks_one_line(parity, tiny_data, tmp_path):
+    """Issue 41 item 8: an FSDP2 resume where one rank's own file is refused ends on every rank with that rank's one
+    line; no rank waits in the sharded load for a rank that has gone (main: rank 0's gloo traceback came first).
+    The FSDP2 run's step 15, copied, with rank 1's RNG file (only rank 1 reads it) made wrong and re-marked."""
+    folder = tmp_path / "copy" / step_dir_name(15)
+    shutil.copytree(parity["fsdp"][0] / "ckpt" / "run" / step_dir_name(15), folder)
+    rng = json.loads((folder / "rng-00001.json").read_text())
+    (folder / "rng-00001.json").write_text(json.dumps({**rng, "torch": "00ff"}))
+    remark(folder)
+    again = tmp_path / "again"
+    again.mkdir()
+    cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", "2", "--accelerate-config",
+           FSDP_CONFIG, "--data", str(tiny_data), "--", *TINY, "--batch-size", "1", "--run-name", "run",
+           "--output-dir", str(again / "ckpt"), "--log-dir", str(again / "logs"), *PARITY, "--resume", str(folder)]
+    resumed = run_bounded(cmd, 300, cwd=again, env={**os.environ, "OMP_NUM_THREADS": "1", "PICONEOX_CPU_FSDP": "1"})
+    errors = [line for line in resumed.stderr.splitlines() if line.startswith("error: ")]
+    assert resumed.returncode == 2 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    assert errors and all("rank 1: " in e and "rng-00001.json: not an RNG state" in e for e in errors), errors
 
 
 def losses_of(machine0) -> list[float]:
