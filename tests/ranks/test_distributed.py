@@ -69,16 +69,36 @@ def test_resume_across_world_sizes_keeps_the_data_position(two_and_one, tiny_dat
     assert loader["blocks_consumed"] == 12 * 8 or loader["epoch"] > 0
 
 
-def test_fsdp_config_on_cpu_falls_back_to_data_parallel(tmp_path, tiny_data):
-    """FSDP needs CUDA: on CPU the production FSDP config still trains (gloo DDP) and says so."""
-    cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", "2", "--accelerate-config",
-           str(REPO / "configs" / "accelerate" / "fsdp_production.yaml"), "--data", str(tiny_data), "--", *TINY,
-           "--batch-size", "4", "--max-steps", "2", "--run-name", "fsdp", "--output-dir", str(tmp_path / "ckpt"),
-           "--log-dir", str(tmp_path / "logs")]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def fsdp_config_gs_data(tmp_path_factory, tiny_data, _emulator_process):
+    """One launch for the two tests below: 2 processes, 2 steps, the production FSDP config on CPU (without
+    PICONEOX_CPU_FSDP) and --data gs:// (a copy of tiny_data in the GCS emulator). (work folder, bucket, process)"""
+    from tests.support.gcs_servers import use_server
+    from utils.storage import open_storage
+    from utils.storage.sync import upload_tree
+
+    host, server = _emulator_process
+    server.wipe()
+    work = tmp_path_factory.mktemp("gs-fsdp")
+    with pytest.MonkeyPatch.context() as mp:
+        gcs = use_server(host, mp, "piconeox-test")
+        upload_tree(tiny_data, open_storage(gcs.url("data/tiny"), timeout_s=5), progress=False)
+        cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", "2",
+               "--accelerate-config", str(REPO / "configs" / "accelerate" / "fsdp_production.yaml"), "--data",
+               gcs.url("data/tiny"), "--", *TINY, "--batch-size", "4", "--max-steps", "2", "--run-name", "run",
+               "--output-dir", str(work / "ckpt"), "--log-dir", str(work / "logs")]
+        env = {k: v for k, v in os.environ.items() if k != "PICONEOX_CPU_FSDP"}
+        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=300,
+                              env={**env, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return work, gcs.bucket, proc
+
+
+def test_fsdp_config_on_cpu_falls_back_to_data_parallel(fsdp_config_gs_data):
+    """FSDP needs CUDA: on CPU the production FSDP config still trains (gloo DDP) and says so."""
+    work, _, proc = fsdp_config_gs_data
     assert "FSDP needs CUDA; this run uses plain data parallelism on the CPU" in proc.stderr
-    assert check_complete(tmp_path / "ckpt" / "fsdp" / "final") is None
+    assert check_complete(work / "ckpt" / "run" / "final") is None
 
 
 def test_two_machines_resume_auto_from_the_same_step_after_one_disk_is_wiped(two_and_one, tiny_data, tmp_path):
@@ -136,15 +156,12 @@ def test_two_machines_resume_auto_from_the_same_step_after_one_disk_is_wiped(two
     assert [r["train/loss"] for r in history if "train/loss" in r] == straight
 
 
-def test_launcher_syncs_gs_data_once_per_machine_before_the_launch(tmp_path, tiny_data, gcs_emulator):
+def test_launcher_syncs_gs_data_once_per_machine_before_the_launch(fsdp_config_gs_data):
     """--data gs://: start_training.sh syncs it into this host's cache before `accelerate launch`, outside any
     process group, and both ranks read that folder (train.py refuses to sync with more than one process)."""
-    from utils.storage import open_storage
-    from utils.storage.sync import upload_tree
-
-    upload_tree(tiny_data, open_storage(gcs_emulator.url("data/tiny"), timeout_s=5), progress=False)
-    _, proc = launch(tmp_path, gcs_emulator.url("data/tiny"), 2, 4, "--max-steps", "2")
-    local = f"data/gcs-cache/{socket.gethostname()}/{gcs_emulator.bucket}/data/tiny"
+    work, bucket, proc = fsdp_config_gs_data
+    local = f"data/gcs-cache/{socket.gethostname()}/{bucket}/data/tiny"
     assert f"data synced to {local}\n" in proc.stdout
-    assert f"data {local} (vocab 256" in (tmp_path / "logs" / "run" / "training.log").read_text()
-    assert (tmp_path / local / "manifest.json").is_file()
+    assert "2 training process(es) under accelerate launch" in proc.stdout
+    assert f"data {local} (vocab 256" in (work / "logs" / "run" / "training.log").read_text()
+    assert (work / local / "manifest.json").is_file()
