@@ -37,6 +37,23 @@ sys.exit(code)
     assert (tmp_path / "ckpt" / "run" / "final" / "COMPLETE").is_file()
 
 
+def test_the_launchers_preflight_imports_no_torch(tmp_path, tiny_data):
+    """start_training.sh runs `train.py --preflight` once per machine before every launch: its checks (folders, data,
+    the run lock) need no torch, whose import costs seconds and ~200 MB there (issue 38 item 5: every launch of the
+    suite paid it)."""
+    script = f"""
+import sys
+import train
+code = train.main({["--config", "test", "--data", str(tiny_data), "--output-dir", str(tmp_path / "ckpt"), "--log-dir",
+                    str(tmp_path / "logs"), "--preflight", "--processes", "2"]!r})
+assert code == 0, code
+heavy = [m for m in ("torch", "transformers", "accelerate") if m in sys.modules]
+assert not heavy, f"the preflight imported {{heavy}}"
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_ddp_compile_is_regional_and_keeps_the_saved_keys():
     """Finding 9: under DDP each decoder layer is compiled on its own, in place, so no graph spans DDP's gradient
     buckets and the saved keys stay plain. Structure only: running the compiled layers costs tens of seconds of

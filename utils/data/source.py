@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from utils.data.loader import BlockLoader
 from utils.data.shards import verify_dataset
 from utils.errors import PiconeoxError
 from utils.flock import exclusive
@@ -107,6 +106,8 @@ def local_dataset(train_cfg, accelerator, credentials: str | None) -> Path:
 
 def make_loaders(data_dir: Path, tc, accelerator):
     """(train, val) loaders: this rank's slice of every global batch."""
+    from utils.data.loader import BlockLoader  # torch: imported here, so train.py --preflight never loads it
+
     rank, world = accelerator.process_index, accelerator.num_processes
     return (BlockLoader(data_dir, "train", tc.seq_len, tc.micro_batch_size, seed=tc.seed, rank=rank, world_size=world),
             BlockLoader(data_dir, "val", tc.seq_len, tc.micro_batch_size, seed=tc.seed, rank=rank, world_size=world,
