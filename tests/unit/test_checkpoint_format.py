@@ -10,7 +10,7 @@ from utils.ckpt import state as ckpt_state
 from utils.ckpt.format import check_complete, read_marker
 from utils.ckpt.state import rng_state
 
-pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def flip_a_byte(path) -> None:
