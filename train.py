@@ -373,9 +373,10 @@ def finish(run: Run, reason: str) -> int:
     sample = []
 
     def sample_text():  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
-        if not preempted:
+        if not preempted and run.cfg.run.sample_tokens:
             model = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
-            sample.append(log_sample(model, run.tokenizer, run.cfg.run.sample_prompt, tc.seed, log))
+            sample.append(log_sample(model, run.tokenizer, run.cfg.run.sample_prompt, run.cfg.run.sample_tokens,
+                                     tc.seed, log))
 
     code = run.ckpt.finish(state.step, consolidate=not preempted, timeout=stop.remaining, meanwhile=sample_text)
     if run.accelerator.is_main_process:

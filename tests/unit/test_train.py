@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import train
-from tests.support.training import TINY, run
+from tests.support.training import SAMPLE, TINY, run
 from utils.ckpt.format import (
     DCP_INDEX,
     MARKER,
@@ -25,11 +25,14 @@ pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # each in-proces
 
 
 def test_loss_falls_and_outputs_exist(tmp_path, tiny_data):
-    code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "30", "--eval-every", "10", "--save-every", "10")
+    code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "30", "--eval-every", "10", "--save-every", "10",
+                                *SAMPLE)
     assert code == 0 and len(losses) == 30
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
     logs = tmp_path / "logs" / "run"
-    assert (logs / "training.log").read_text().count("perplexity") == 3
+    log = (logs / "training.log").read_text()
+    assert log.count("perplexity") == 3
+    assert "sample:\nOnce upon a time" in log
     assert any(p.name.startswith("events.out.tfevents") for p in logs.rglob("*"))
     assert (logs / "loss.png").stat().st_size > 1000
     assert [s for s, _ in step_folders(run_dir)] == [10, 20, 30]
@@ -154,6 +157,7 @@ def test_lr_schedule_at_known_steps(tmp_path, tiny_data):
     (["--set", "train.nope=1"], "unknown train setting 'nope'"),
     (["--resume", "/nonexistent/run"], "--resume /nonexistent/run: no such checkpoint or run directory"),
     (["--mixed-precision", "fp16"], "fp16 needs a CUDA GPU"),
+    (["--sample-tokens", "-1"], "run.sample_tokens=-1: must be an integer >= 0"),
 ])
 def test_bad_input_is_one_line(tmp_path, tiny_data, capsys, extra, message):
     code, _, _ = run(tmp_path, tiny_data, "--max-steps", "2", *extra)
@@ -232,6 +236,7 @@ def test_cpu_fallbacks_are_reported(tmp_path, tiny_data):
     assert code == 0 and len(losses) == 2
     assert "--batch-size auto: micro batch 8 (no CUDA: the preset's size; auto needs a GPU to measure)" in log
     assert "MFU n/a, GPU n/a" in log
+    assert "sample:" not in log  # --sample-tokens 0 (run()'s): no end-of-run sample
 
 
 def test_rotate_also_removes_leftovers_of_interrupted_writes(tmp_path):
