@@ -13,12 +13,21 @@ SAMPLE = ("--sample-tokens", "200")
 
 
 def run(tmp_path, data, *extra, name="run"):
-    """Run train.py in-process (use the fresh_accelerate_state fixture) without the end-of-run sample unless
-    `extra` asks for it (SAMPLE); return (exit code, per-step train losses, run dir)."""
+    """Run train.py in-process (use the fresh_accelerate_state fixture) on one torch thread (the same numerics
+    in every test; two threads spin for a core a busy box does not give them: 30 s instead of 1.7 s for a 6-step
+    run) and without the end-of-run sample unless `extra` asks for it (SAMPLE); return (exit code, per-step train
+    losses, run dir)."""
+    import torch
+
     import train
 
-    code = train.main([*TINY, "--data", str(data), "--output-dir", str(tmp_path / "ckpt"), "--log-dir",
-                       str(tmp_path / "logs"), "--run-name", name, "--sample-tokens", "0", *extra])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code = train.main([*TINY, "--data", str(data), "--output-dir", str(tmp_path / "ckpt"), "--log-dir",
+                           str(tmp_path / "logs"), "--run-name", name, "--sample-tokens", "0", *extra])
+    finally:
+        torch.set_num_threads(threads)
     history = tmp_path / "logs" / name / "history.json"
     losses = []
     if history.exists():
