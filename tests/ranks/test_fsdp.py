@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from configs.model import MODEL_PRESETS
 from tests.support.paths import REPO
 from tests.support.ranks import FSDP_CONFIG, launch, machines, run_bounded
 from utils.ckpt.format import check_complete, read_marker, step_dir_name
@@ -33,6 +34,7 @@ def test_fsdp2_stays_fsdp2_gathers_once_per_step_and_keeps_fp32_under_bf16():
     four, one = report["steps"]
     # each unit (decoder layer, embedding, root) once per step, however many micro-steps
     assert four == one and one["_allgather_base_"] == one["_reduce_scatter_base_"] >= 3, report
+    assert report["layer_units"] == MODEL_PRESETS["rp2040-speed"].num_layers  # each decoder layer an FSDP2 unit
     assert report["units"] >= 3 and report["policies"] == [["torch.bfloat16", "torch.float32"]], report
     assert report["collective_dtypes"]["_allgather_base_"] == ["torch.bfloat16"], report
     assert report["collective_dtypes"]["_reduce_scatter_base_"] == ["torch.float32"], report
@@ -85,16 +87,17 @@ def test_fsdp2_run_ends_cleanly_with_its_sample(parity):
 
 
 def test_fsdp2_compiled_whole_after_prepare_stays_fsdp2_and_saves_plain_keys(parity):
-    """Issue 42 item 10: torch.compile of the whole model after prepare() keeps FSDP2 (the timeouts line reads the
-    shard group from the fully_shard state found through the compiled model's modules), trains to DDP's losses
-    (test_fsdp2_gives_ddps_losses_with_accumulation) and saves keys without the compiled wrapper's `_orig_mod.`."""
+    """Issue 42 item 10: torch.compile of the whole model after prepare() keeps FSDP2 (each decoder layer's
+    fully_shard state read through the compiled wrapper, and the shard group the timeouts line reads from it), trains
+    to DDP's losses (test_fsdp2_gives_ddps_losses_with_accumulation) and saves keys without `_orig_mod.`."""
     from safetensors import safe_open
 
     from utils.ckpt.parts import dcp_keys
 
     out, _, _ = parity["fsdp"]
     log = (out / "logs" / "run" / "training.log").read_text()
-    assert "compiled the whole model after prepare() (torch.compile, backend aot_eager)" in log
+    assert ("compiled the whole model after prepare() (torch.compile, backend aot_eager); each of its 1 decoder "
+            "layer(s) is still an FSDP2 unit") in log
     assert "(FSDP2 shard group 10 min," in log
     keys = dcp_keys(out / "ckpt" / "run" / step_dir_name(30))
     assert "model.gpt_neox.layers.0.attention.dense.weight" in keys

@@ -40,7 +40,7 @@ accelerator = make_accelerator("bf16", cuda=False, timeout_minutes=5)
 sharded = accelerator.is_fsdp2
 model = build_model(MODEL_PRESETS["rp2040-speed"])
 model, optimizer = accelerator.prepare(model, build_optimizer(model, 1e-2, 0.1, (0.9, 0.95)))
-check_prepared(accelerator, model, sharded)
+layer_units = check_prepared(accelerator, model, sharded)
 g = torch.Generator().manual_seed(accelerator.process_index)
 steps, moved = [], collections.defaultdict(set)
 for accumulation in (4, 1):
@@ -62,7 +62,8 @@ policies |= {(str(u._fsdp_param_group.mp_policy.param_dtype), str(u._fsdp_param_
              for u in units if u._fsdp_param_group is not None}
 if accelerator.is_main_process:
     json.dump({"describe": describe(accelerator), "fsdp2_after_prepare": accelerator.is_fsdp2, "steps": steps,
-               "collective_dtypes": {op: sorted(kinds) for op, kinds in moved.items()}, "units": len(units),
+               "layer_units": layer_units, "units": len(units),
+               "collective_dtypes": {op: sorted(kinds) for op, kinds in moved.items()},
                "policies": sorted(policies), "params": dtypes(model.parameters()), "grads": grads,
                "optimizer_state": dtypes(t for s in optimizer.optimizer.state.values() for t in s.values())},
               sys.stdout)
