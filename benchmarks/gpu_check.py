@@ -127,8 +127,8 @@ def resume(c: Check, kind: str, after: str, name: str) -> bool:
     fsdp = after == "fsdp"
     run = run_train(c.out, name, c.cpu, c.limit_s, ["--max-steps", str(c.steps), "--save-every", str(10 * c.steps),
                                                     *(FSDP_ARGS if fsdp else []), "--resume", str(folder)], fsdp=fsdp)
-    record(c.out, kind, ok=run.ok,
-           resume_max_dloss=max_dloss(history(run.log_dir), saved, every))
+    # the history holds the first run's rows too: of a resume that failed, they would compare equal to themselves
+    record(c.out, kind, ok=run.ok, resume_max_dloss=max_dloss(history(run.log_dir), saved, every) if run.ok else None)
     shutil.rmtree(c.out / "ckpt" / name, ignore_errors=True)  # the check leaves no checkpoint behind
     with contextlib.suppress(OSError):
         (c.out / "ckpt").rmdir()  # once no other stage's run keeps one there

@@ -54,17 +54,25 @@ def processes_naming(text: str) -> list[int]:
     return [int(p.name) for p in Path("/proc").glob("[0-9]*") if text in " ".join(command_line(int(p.name)))]
 
 
-@pytest.mark.parametrize("stage", ["train", "save", "fsdp"])
-def test_a_run_past_its_limit_is_an_ok_false_line_and_nothing_of_it_is_left(tmp_path, capsys, stage):
+@pytest.mark.parametrize("stage, run", [("train", None), ("save", None), ("fsdp", None), ("resume", "save-a"),
+                                        ("fsdp-resume", "fsdp")])
+def test_a_run_past_its_limit_is_an_ok_false_line_and_nothing_of_it_is_left(tmp_path, capsys, stage, run):
     """A limit no run can meet (the launcher alone imports torch for longer): the run is killed at it, whatever it
-    was doing, and the stage records it instead of a TimeoutExpired traceback."""
+    was doing, and the stage records it instead of a TimeoutExpired traceback. A resume whose run never got to
+    train compares nothing: its history still holds only the first run's rows (which equal themselves)."""
     out = tmp_path / "out"
-    assert run_check([stage, "--cpu-smoke", "--out", str(out), "--limit-s", "1"]) == 1
+    if run:  # what the resume stage looks for before it starts its run
+        (out / "ckpt" / run / "step-00000003").mkdir(parents=True)
+        (out / "logs" / run).mkdir(parents=True)
+        rows = [{"step": s, "train/loss": 5.0 - s / 10} for s in range(1, 7)]
+        (out / "logs" / run / "history.json").write_text(json.dumps(rows))
+    assert run_check([stage, "--cpu-smoke", "--out", str(out), "--limit-s", "0.3"]) == 1
     captured = capsys.readouterr()
     line = json.loads((out / "results.jsonl").read_text().splitlines()[-1])
     assert line["stage"] == stage and line["ok"] is False, line
+    assert line.get("resume_max_dloss", line.get("tok_s", line.get("blocking_first_s"))) is None, line
     assert f"{stage} " in captured.out and "ok=False" in captured.out, captured.out  # the readable row
-    assert "past its limit of 1 s" in captured.err and "Traceback" not in captured.err, captured.err
+    assert "past its limit of 0.3 s" in captured.err and "Traceback" not in captured.err, captured.err
     wait_for("every process of the killed run to be gone", lambda: not processes_naming(str(out)), timeout=60)
 
 
