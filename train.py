@@ -111,7 +111,7 @@ def build_model(cfg: RunConfig, pretrained, accelerator: Accelerator, resumed: b
     return model, shapes_only
 
 
-def prepare(model, tc: TrainConfig, accelerator: Accelerator):
+def prepare(model, tc: TrainConfig, accelerator: Accelerator, log):
     """(model, optimizer, scheduler) wrapped for this world (DDP or FSDP2) and maybe compiled."""
     import torch
 
@@ -131,9 +131,13 @@ def prepare(model, tc: TrainConfig, accelerator: Accelerator):
     check_prepared(accelerator, model, sharded)  # still FSDP2 after prepare(), as the start-up line says
     if tc.compile == "on" or (tc.compile == "auto" and accelerator.device.type == "cuda"):
         if accelerator.num_processes > 1 and not accelerator.is_fsdp2:  # DDP: one graph per layer, not per bucket
-            compile_layers(accelerator.unwrap_model(model))
+            compile_layers(accelerator.unwrap_model(model), backend=tc.compile_backend)
+            log.info(f"compiled each decoder layer (torch.compile, backend {tc.compile_backend})")
         else:
-            model = torch.compile(model)  # after prepare(): saved keys never carry `_orig_mod.`
+            model = torch.compile(model, backend=tc.compile_backend)  # after prepare(): keys carry no `_orig_mod.`
+            units = check_prepared(accelerator, model, sharded)  # read through the compiled wrapper
+            log.info(f"compiled the whole model after prepare() (torch.compile, backend {tc.compile_backend})"
+                     + (f"; each of its {units} decoder layer(s) is still an FSDP2 unit" if units else ""))
     return model, optimizer, scheduler
 
 
@@ -195,7 +199,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
         cfg = replace(cfg, train=auto_micro_batch(cfg.train, model, accelerator, shapes_only, log))
         train_loader, val_loader = make_loaders(data_dir, cfg.train, accelerator)
     tc = cfg.train
-    model, optimizer, scheduler = prepare(model, tc, accelerator)
+    model, optimizer, scheduler = prepare(model, tc, accelerator, log)
     log_start(log, name, cfg, train_loader, accelerator, data_dir, n_params)  # after prepare(): what runs
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
     ema = WeightEMA(unwrapped, tc.ema_decay) if tc.ema_decay else None  # after prepare(): it mirrors the shards
@@ -373,9 +377,10 @@ def finish(run: Run, reason: str) -> int:
     sample = []
 
     def sample_text():  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
-        if not preempted:
+        if not preempted and run.cfg.run.sample_tokens:
             model = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
-            sample.append(log_sample(model, run.tokenizer, run.cfg.run.sample_prompt, tc.seed, log))
+            sample.append(log_sample(model, run.tokenizer, run.cfg.run.sample_prompt, run.cfg.run.sample_tokens,
+                                     tc.seed, log))
 
     code = run.ckpt.finish(state.step, consolidate=not preempted, timeout=stop.remaining, meanwhile=sample_text)
     if run.accelerator.is_main_process:

@@ -5,6 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# a training run's (train, fsdp): ok = exited 0 within --limit-s; recompiles and graph breaks from TORCH_LOGS
+RUN = ["ok", "wall_s", "first_step_s", "tok_s", "mfu", "peak_alloc_gb", "peak_reserved_gb", "recompiles",
+       "graph_breaks"]
+# the first save allocates and pins the staging buffers, a later one reuses them
+SAVES = ["blocking_first_s", "blocking_later_s"]
 # Every key each stage's lines carry, GPU and CPU mode alike (tests/process/test_gpu_check.py holds the CPU mode to it).
 KEYS = {
     "env": ["python", "torch", "cuda", "transformers", "accelerate", "gpu", "gpu_memory_gb", "free_disk_gb",
@@ -12,12 +17,12 @@ KEYS = {
     "gemm": ["m", "n", "k", "dtype", "tflops"],
     "sdpa": ["backend", "batch", "heads", "seq", "head_dim", "tflops"],
     "d2h": ["pinned", "gb", "gb_per_s"],
-    "train": ["variant", "micro_batch", "compile", "ok", "wall_s", "first_step_s", "tok_s", "mfu", "peak_alloc_gb",
-              "peak_reserved_gb", "recompiles", "graph_breaks"],
-    "save": ["blocking_s", "write_s", "write_gb_per_s", "crc32c_gb_per_s", "step_ratio_during_write",
+    "train": ["variant", "micro_batch", "compile", *RUN],
+    "save": ["ok", *SAVES, "write_s", "write_gb_per_s", "crc32c_gb_per_s", "step_ratio_during_write",
              "steps_during_write", "staged_gb", "checkpoint_gb", "noise_floor_max_dloss"],
     "resume": ["ok", "resume_max_dloss"],
-    "fsdp": ["ok", "blocking_s", "checkpoint_gb", "resume_max_dloss"],
+    "fsdp": [*RUN, *SAVES, "checkpoint_gb"],
+    "fsdp-resume": ["ok", "resume_max_dloss"],
 }
 GB = 1e9
 
@@ -27,8 +32,6 @@ def record(out: Path, kind: str, **values) -> None:
     assert sorted(values) == sorted(KEYS[kind]), (kind, sorted(values))
     with open(out / "results.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({"stage": kind, **values}) + "\n")
-    print(f"{kind:<6} " + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()),
+    print(f"{kind:<11} " + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()),
           flush=True)
 
-
-# --- stage env, kernels ------------------------------------------------------------------------------------

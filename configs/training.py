@@ -8,6 +8,7 @@ from utils.errors import PiconeoxError
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
 ON_OFF_AUTO = ("auto", "on", "off")
+COMPILE_BACKENDS = ("inductor", "aot_eager")
 TOKENIZERS = ("char", "byte", "bpe")
 MATMUL_PRECISION = ("highest", "high", "medium")
 ATTENTION = ("sdpa", "eager")
@@ -89,6 +90,10 @@ class TrainConfig(ConfigBase):
     mixed_precision: str = "no"
     compile: str = "auto"
     """torch.compile after accelerator.prepare(): auto = on with CUDA only."""
+    compile_backend: str = "inductor"
+    """The torch.compile backend: inductor (generated kernels: the speed) or aot_eager (the same forward and
+    backward graphs run by eager kernels: compiles in seconds, for checking a compiled setup on CPU or telling an
+    inductor problem from a tracing one)."""
     matmul_precision: str = "highest"
     """torch.set_float32_matmul_precision for float32 matmuls: highest (exact), high (TF32 on Ampere+ GPUs),
     medium (TF32 on GPUs; on CPU oneDNN's kernels, documented as bfloat16 products where AMX has them, measured
@@ -133,6 +138,9 @@ class TrainConfig(ConfigBase):
             raise PiconeoxError(f"train.mixed_precision={self.mixed_precision!r}: allowed {', '.join(MIXED_PRECISION)}")
         if self.compile not in ON_OFF_AUTO:
             raise PiconeoxError(f"train.compile={self.compile!r}: allowed {', '.join(ON_OFF_AUTO)}")
+        if self.compile_backend not in COMPILE_BACKENDS:
+            raise PiconeoxError(f"train.compile_backend={self.compile_backend!r}: allowed "
+                                f"{', '.join(COMPILE_BACKENDS)}")
         if self.matmul_precision not in MATMUL_PRECISION:
             raise PiconeoxError(f"train.matmul_precision={self.matmul_precision!r}: allowed "
                                 f"{', '.join(MATMUL_PRECISION)}")

@@ -52,42 +52,54 @@ def load_lm(checkpoint: str, batch_size: int | str, device: str):
 
 def task_manager(tasks: list[str], include_path: str | None):
     """lm-eval's task index; only the --include-path tasks when they are all that is asked for (the full
-    index of ~15,000 tasks takes half a minute to build)."""
+    index of ~15,000 tasks takes 10-30 s to build). An asked task that a file lm-eval skipped names is reported
+    at once, without that build."""
     from lm_eval.tasks import TaskManager
 
     if include_path and not Path(include_path).is_dir():
         raise PiconeoxError(f"--include-path {include_path}: no such folder of task YAML files")
+    broken = {}
     if include_path:
         local = TaskManager(include_path=include_path, include_defaults=False)
-        if all(t in local.all_tasks for t in tasks):
+        missing = [t for t in tasks if t not in local.all_tasks]
+        if not missing:
             return local
+        broken = skipped_task_files(Path(include_path))
+        for task in missing:
+            if named := [f for f, (_, text) in broken.items() if task in text]:
+                raise _skipped_error(task, include_path, broken, named[0])
     manager = TaskManager(include_path=include_path)
     for task in tasks:
         if task not in manager.all_tasks:
-            if broken := include_path and skipped_task_files(Path(include_path)):
-                raise PiconeoxError(f"--tasks {task}: not an lm-eval task; lm-eval skipped "
-                                    f"{len(broken)} file(s) of --include-path {include_path}: {broken[0]}")
+            if broken:
+                raise _skipped_error(task, include_path, broken, next(iter(broken)))
             close = difflib.get_close_matches(task, manager.all_tasks, n=3)
             raise PiconeoxError(f"--tasks {task}: not an lm-eval task{f' (did you mean {close})' if close else ''}; "
                                 "list them with `.venv/bin/lm-eval ls tasks`")
     return manager
 
 
-def skipped_task_files(folder: Path) -> list[str]:
-    """'file: why' for each task YAML under `folder` that lm-eval's index skips without a word (it logs the
-    reason at debug level): a YAML error, or no `task:`/`group:` key."""
+def _skipped_error(task: str, include_path: str, broken: dict, file: str) -> PiconeoxError:
+    return PiconeoxError(f"--tasks {task}: not an lm-eval task; lm-eval skipped {len(broken)} file(s) of "
+                         f"--include-path {include_path}: {broken[file][0]}")
+
+
+def skipped_task_files(folder: Path) -> dict[str, tuple[str, str]]:
+    """{file: ('file: why', its text)} for each task YAML under `folder` that lm-eval's index skips without a
+    word (it logs the reason at debug level): a YAML error, or no `task:`/`group:` key."""
     try:
         from lm_eval.tasks._index import TaskIndex
         from lm_eval.tasks._yaml_loader import load_yaml
     except ImportError:  # another lm-eval layout: only the plain "not an lm-eval task" line
-        return []
-    broken = []
+        return {}
+    broken = {}
     for path in TaskIndex._iter_yaml_files(folder):
         try:
             TaskIndex._kind_of(load_yaml(path, resolve_func=False, recursive=True))
         except Exception as e:  # what lm-eval's index catches
             why = "no `task:` or `group:` key" if "Unknown config shape" in str(e) else " ".join(str(e).split())[:200]
-            broken.append(f"{path.relative_to(folder)}: {why}")
+            name = str(path.relative_to(folder))
+            broken[name] = (f"{name}: {why}", path.read_text(errors="replace"))
     return broken
 
 

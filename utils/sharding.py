@@ -58,17 +58,27 @@ def describe(accelerator) -> str:
     return "single process"
 
 
-def check_prepared(accelerator, model, sharded: bool) -> None:
-    """After `prepare()`: a run that was set up for FSDP2 still is (accelerate re-reads its state when it wraps the
-    optimizer; a silent fall back to MULTI_CPU skips every FSDP2 branch: no_sync, clipping, state dicts)."""
+def check_prepared(accelerator, model, sharded: bool) -> int:
+    """After `prepare()` (and after a compile): a run that was set up for FSDP2 still is (accelerate re-reads its
+    state when it wraps the optimizer; a silent fall back to MULTI_CPU skips every FSDP2 branch: no_sync, clipping,
+    state dicts), and every decoder layer is an FSDP2 unit of its own (else one unit gathers the whole model at
+    once). Returns the number of decoder layers that are FSDP2 units (0 when not `sharded`)."""
     from torch.distributed.tensor import DTensor
 
     if not sharded:
-        return
+        return 0
     weights_sharded = all(isinstance(p, DTensor) for p in model.parameters())
     if not (accelerator.is_fsdp2 and weights_sharded):
         raise PiconeoxError(f"FSDP2 was set up but after prepare() accelerate runs {accelerator.distributed_type} "
                             f"(parameters sharded: {weights_sharded}); this accelerate version is not supported")
+    layers = model.gpt_neox.layers  # through a compiled wrapper too: it forwards attributes to the model
+    loose = [i for i, layer in enumerate(layers) if not hasattr(layer, "_get_fsdp_state")
+             or layer._get_fsdp_state()._fsdp_param_group is None]
+    if loose:
+        raise PiconeoxError(f"FSDP2: decoder layer(s) {', '.join(map(str, loose))} of {len(layers)} are not "
+                            "fully_shard units after prepare(); the accelerate config's fsdp_transformer_layer_cls_"
+                            "to_wrap must name GPTNeoXLayer")
+    return len(layers)
 
 
 @contextlib.contextmanager

@@ -347,5 +347,6 @@ def test_gpu_check_without_a_stage_is_one_line():
     proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.startswith("error: stage '' is not one of: env, kernels, train, save, resume, fsdp, all")
+    assert proc.stderr.startswith(
+        "error: stage '' is not one of: env, kernels, train, save, resume, fsdp, fsdp-resume, all")
     assert len(proc.stderr.splitlines()) == 1

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from tests.support.training import run
+from tests.support.training import SAMPLE, run
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
@@ -52,7 +52,7 @@ def test_every_tracker_gets_every_scalar_the_config_and_the_sample(tmp_path, tin
 
     monkeypatch.delenv("WANDB_DIR")  # the default: next to the run's other logs
     code, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "4", "--eval-every", "2",
-                           "--report-to", "tensorboard,wandb")
+                           "--report-to", "tensorboard,wandb", *SAMPLE)
     assert code == 0
     logs = tmp_path / "logs" / "run"
     expected = {}
@@ -96,7 +96,8 @@ def test_tensorboard_compares_runs_by_val_loss_in_one_run_per_run(tmp_path, tiny
     from tensorboard.plugins.hparams import metadata
     from tensorboard.util import tensor_util
 
-    code, _, _ = run(tmp_path, tiny_data, "--max-steps", "4", "--eval-every", "2", "--report-to", "tensorboard")
+    code, _, _ = run(tmp_path, tiny_data, "--max-steps", "4", "--eval-every", "2", "--report-to", "tensorboard",
+                     *SAMPLE)
     assert code == 0
     logs = tmp_path / "logs"
     assert not [p for p in (logs / "run").rglob("events.out.tfevents*") if p.parent != logs / "run"]  # no sub-run

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from configs.model import MODEL_PRESETS
 from tests.support.hostile_checkpoints import remark
 from tests.support.paths import REPO
 from tests.support.ranks import FSDP_CONFIG, TINY, launch, machines, run_bounded
@@ -18,12 +19,14 @@ PARITY = ["--mixed-precision", "no", "--grad-accum", "4", "--max-steps", "30",
           "--save-every", "15", "--eval-every", "15"]
 
 
-def test_fsdp2_stays_fsdp2_and_gathers_once_per_step():
+def test_fsdp2_stays_fsdp2_gathers_once_per_step_and_keeps_fp32_under_bf16():
     """After prepare() accelerate still runs FSDP2 (it fell back to MULTI_CPU when the prepared optimizer re-read
     its state): a step of 4 micro-steps all-gathers and reduce-scatters each FSDP unit once, as a step of one does
-    (no sync in the first 3, parameters kept gathered across them)."""
+    (no sync in the first 3, parameters kept gathered across them). Issue 42 item 10, in FSDP2's own state under
+    bf16: computes in bf16 (bf16 all-gathers) while master weights, gradients, their reduction and AdamW's states
+    stay fp32 (accelerate alone would reduce in bf16: utils/distributed.py's fsdp_plugin)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", FSDP_CONFIG, "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+           "--num_machines", "1", "--mixed_precision", "bf16", "--dynamo_backend", "no", "--main_process_port", "0",
            str(REPO / "tests" / "support" / "fsdp_probe.py")]
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "PICONEOX_CPU_FSDP": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO)}
@@ -34,15 +37,27 @@ def test_fsdp2_stays_fsdp2_and_gathers_once_per_step():
     four, one = report["steps"]
     # each unit (decoder layer, embedding, root) once per step, however many micro-steps
     assert four == one and one["_allgather_base_"] == one["_reduce_scatter_base_"] >= 3, report
+    assert report["layer_units"] == MODEL_PRESETS["rp2040-speed"].num_layers  # each decoder layer an FSDP2 unit
+    assert report["units"] >= 3 and report["policies"] == [["torch.bfloat16", "torch.float32"]], report
+    assert report["collective_dtypes"]["_allgather_base_"] == ["torch.bfloat16"], report
+    assert report["collective_dtypes"]["_reduce_scatter_base_"] == ["torch.float32"], report
+    fp32 = ["torch.float32"]
+    assert report["params"] == report["grads"] == report["optimizer_state"] == fp32, report
+
+
+# the FSDP2 run compiles the whole model after prepare(), as a GPU run does (aot_eager: the same graphs as inductor's
+# input, compiled in seconds on CPU instead of a minute)
+COMPILED = ["--compile", "on", "--set", "train.compile_backend=aot_eager"]
 
 
 @pytest.fixture(scope="module")
 def parity(tmp_path_factory, tiny_data):
-    """The same 30 steps as DDP and as FSDP2 (checkpoints at 15 and 30)."""
+    """The same 30 steps as DDP and as FSDP2 compiled whole (checkpoints at 15 and 30)."""
     runs = {}
     for kind in ("ddp", "fsdp"):
         out = tmp_path_factory.mktemp(kind)
-        losses, proc = launch(out, tiny_data, 2, 1, *PARITY, fsdp=kind == "fsdp")
+        losses, proc = launch(out, tiny_data, 2, 1, *PARITY, *(COMPILED if kind == "fsdp" else []),
+                              fsdp=kind == "fsdp")
         runs[kind] = out, losses, proc
     return runs
 
@@ -72,6 +87,26 @@ def test_fsdp2_run_ends_cleanly_with_its_sample(parity):
             "60 min)") in log
     assert "sample:\nOnce upon a time" in log
     assert check_complete(out / "ckpt" / "run" / "final") is None
+
+
+def test_fsdp2_compiled_whole_after_prepare_stays_fsdp2_and_saves_plain_keys(parity):
+    """Issue 42 item 10: torch.compile of the whole model after prepare() keeps FSDP2 (each decoder layer's
+    fully_shard state read through the compiled wrapper, and the shard group the timeouts line reads from it), trains
+    to DDP's losses (test_fsdp2_gives_ddps_losses_with_accumulation) and saves keys without `_orig_mod.`."""
+    from safetensors import safe_open
+
+    from utils.ckpt.parts import dcp_keys
+
+    out, _, _ = parity["fsdp"]
+    log = (out / "logs" / "run" / "training.log").read_text()
+    assert ("compiled the whole model after prepare() (torch.compile, backend aot_eager); each of its 1 decoder "
+            "layer(s) is still an FSDP2 unit") in log
+    assert "(FSDP2 shard group 10 min," in log
+    keys = dcp_keys(out / "ckpt" / "run" / step_dir_name(30))
+    assert "model.gpt_neox.layers.0.attention.dense.weight" in keys
+    assert not [k for k in keys if "_orig_mod" in k]
+    with safe_open(str(out / "ckpt" / "run" / "final" / "model.safetensors"), "pt") as final:
+        assert "gpt_neox.embed_in.weight" in final.keys() and not [k for k in final.keys() if "_orig_mod" in k]
 
 
 def test_a_checkpoint_moves_from_ddp_to_fsdp2_and_back(parity, tiny_data, tmp_path):
@@ -105,7 +140,8 @@ def test_one_ranks_refused_file_is_every_ranks_one_line(parity, tiny_data, tmp_p
     again.mkdir()
     cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", "2", "--accelerate-config",
            FSDP_CONFIG, "--data", str(tiny_data), "--", *TINY, "--batch-size", "1", "--run-name", "run",
-           "--output-dir", str(again / "ckpt"), "--log-dir", str(again / "logs"), *PARITY, "--resume", str(folder)]
+           "--output-dir", str(again / "ckpt"), "--log-dir", str(again / "logs"), *PARITY, *COMPILED, "--resume",
+           str(folder)]
     resumed = run_bounded(cmd, 300, cwd=again, env={**os.environ, "OMP_NUM_THREADS": "1", "PICONEOX_CPU_FSDP": "1"})
     errors = [line for line in resumed.stderr.splitlines() if line.startswith("error: ")]
     assert resumed.returncode == 2 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]

@@ -1,4 +1,5 @@
 """The tiny in-process training run that many tests start (use the fresh_accelerate_state fixture)."""
+import contextlib
 import json
 
 TINY = ["--config", "test", "--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
@@ -6,16 +7,34 @@ TINY = ["--config", "test", "--set", "model.num_layers=1", "--set", "model.hidde
         "--log-every", "1", "--warmup-steps", "2", "--lr", "3e-3"]
 
 # The session's trained_long run (tests/conftest.py): a test that resumes it passes the same arguments.
-LONG_RUN = ("--max-steps", "40", "--save-every", "10", "--keep-last", "4", "--eval-every", "10", "--sample-prompt", "")
+LONG_RUN = ("--max-steps", "40", "--save-every", "10", "--keep-last", "4", "--eval-every", "10")
+# run() samples no text at the end (--sample-tokens 0; 0.25 of a 2-step run's 0.42 CPU seconds): a test that reads
+# the sample passes SAMPLE.
+SAMPLE = ("--sample-tokens", "200")
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """torch on one thread inside: the same numerics in every test, and no OpenMP thread spinning for a core that a
+    busy box does not give it (a 6-step in-process run: 30 s on two threads beside other work, 1.7 s on one)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def run(tmp_path, data, *extra, name="run"):
-    """Run train.py in-process (use the fresh_accelerate_state fixture); return (exit code, per-step train
-    losses, run dir)."""
+    """Run train.py in-process (use the fresh_accelerate_state fixture) on one torch thread and without the
+    end-of-run sample unless `extra` asks for it (SAMPLE); return (exit code, per-step train losses, run dir)."""
     import train
 
-    code = train.main([*TINY, "--data", str(data), "--output-dir", str(tmp_path / "ckpt"), "--log-dir",
-                       str(tmp_path / "logs"), "--run-name", name, *extra])
+    with one_torch_thread():
+        code = train.main([*TINY, "--data", str(data), "--output-dir", str(tmp_path / "ckpt"), "--log-dir",
+                           str(tmp_path / "logs"), "--run-name", name, "--sample-tokens", "0", *extra])
     history = tmp_path / "logs" / name / "history.json"
     losses = []
     if history.exists():

@@ -76,6 +76,7 @@ def test_yaml_and_overrides_apply_in_order(tmp_path):
     ("test", {"train.mixed_precision": "fp8"}, "allowed no, fp16, bf16"),
     ("test", {"train.matmul_precision": "low"}, "train.matmul_precision='low': allowed highest, high, medium"),
     ("test", {"train.attention": "flash"}, "train.attention='flash': allowed sdpa, eager"),
+    ("test", {"train.compile_backend": "aot"}, "train.compile_backend='aot': allowed inductor, aot_eager"),
     ("test", {"optim.lr": "1"}, "expected model.<name>=<value> or train.<name>=<value>"),
 ])
 def test_impossible_settings_fail_with_one_line(preset, overrides, message):

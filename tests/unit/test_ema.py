@@ -13,7 +13,7 @@ from utils.ckpt.format import WEIGHTS_FILE, step_dir_name
 from utils.ckpt.load import read_weights
 from utils.ema import WeightEMA
 
-pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 def test_the_average_moves_by_one_minus_decay_and_swaps_in_and_out():
     model = torch.nn.Linear(2, 2)
     ema = WeightEMA(model, 0.75)

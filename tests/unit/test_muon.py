@@ -11,7 +11,7 @@ from utils.ckpt.load import read_weights
 from utils.ckpt.parts import dcp_keys
 from utils.optim import MuonWithAdamW, muon_matrices, warmup_stable_decay
 
-pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 MUON = ("--set", "train.optimizer=muon", "--set", "train.muon_lr=0.02", "--set", "train.lr_schedule=wsd")
 
 

@@ -1,22 +1,34 @@
 """utils/data/shards.py: shard writing, the manifest, and verify_dataset refusing data that does not match."""
 import json
 import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.support.paths import SHARED_DATA, SHARED_DATA_MISSING
 from utils.crc import INDEX_NAME, crc32c_file
 from utils.data.prepare import prepare
 from utils.data.shards import ShardWriter, read_manifest, token_dtype, verify_dataset
 from utils.errors import PiconeoxError
 
 
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """60 KB of real Shakespeare as byte tokens in 1,000-token shards, prepared once."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(SHARED_DATA_MISSING)
+    tmp = tmp_path_factory.mktemp("shards")
+    src = tmp / "src.txt"
+    src.write_text((SHARED_DATA / "tinyshakespeare" / "input.txt").read_text()[:60_000])
+    return prepare([str(src)], "sh", tmp, "byte", shard_tokens=1000, workers=1)
+
+
 @pytest.fixture
-def dataset(tmp_path, shared_data):
-    """60 KB of real Shakespeare as byte tokens in 1,000-token shards."""
-    src = tmp_path / "src.txt"
-    src.write_text((shared_data / "tinyshakespeare" / "input.txt").read_text()[:60_000])
-    return prepare([str(src)], "sh", tmp_path, "byte", shard_tokens=1000, workers=1)
+def dataset(prepared, tmp_path):
+    """A copy of `prepared` that the test may break (the copy keeps each file's mtime: the crc index stays valid)."""
+    return Path(shutil.copytree(prepared, tmp_path / prepared.name))
 
 
 def test_dtype_is_uint16_up_to_65536_ids_else_uint32():

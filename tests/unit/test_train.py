@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import train
-from tests.support.training import TINY, run
+from tests.support.training import SAMPLE, TINY, run
 from utils.ckpt.format import (
     DCP_INDEX,
     MARKER,
@@ -25,11 +25,14 @@ pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # each in-proces
 
 
 def test_loss_falls_and_outputs_exist(tmp_path, tiny_data):
-    code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "30", "--eval-every", "10", "--save-every", "10")
+    code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "30", "--eval-every", "10", "--save-every", "10",
+                                *SAMPLE)
     assert code == 0 and len(losses) == 30
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
     logs = tmp_path / "logs" / "run"
-    assert (logs / "training.log").read_text().count("perplexity") == 3
+    log = (logs / "training.log").read_text()
+    assert log.count("perplexity") == 3
+    assert "sample:\nOnce upon a time" in log
     assert any(p.name.startswith("events.out.tfevents") for p in logs.rglob("*"))
     assert (logs / "loss.png").stat().st_size > 1000
     assert [s for s, _ in step_folders(run_dir)] == [10, 20, 30]
@@ -39,10 +42,10 @@ def test_loss_falls_and_outputs_exist(tmp_path, tiny_data):
 
 def test_eager_attention_and_medium_matmul_precision_learn_what_the_defaults_learn(tmp_path, tiny_data):
     """shakespeare-char's speed settings change how the math runs, not what the model learns."""
-    _, default, _ = run(tmp_path / "a", tiny_data, "--max-steps", "10")
-    code, fast, _ = run(tmp_path / "b", tiny_data, "--max-steps", "10", "--set", "train.attention=eager",
+    _, default, _ = run(tmp_path / "a", tiny_data, "--max-steps", "6")
+    code, fast, _ = run(tmp_path / "b", tiny_data, "--max-steps", "6", "--set", "train.attention=eager",
                         "--set", "train.matmul_precision=medium")
-    assert code == 0 and len(fast) == 10
+    assert code == 0 and len(fast) == 6
     assert fast == pytest.approx(default, abs=2e-2)  # bfloat16 products where a CPU has AMX
     log = (tmp_path / "b" / "logs" / "run" / "training.log").read_text()
     assert "math: eager attention, float32 matmul precision medium, mixed precision no" in log
@@ -50,25 +53,26 @@ def test_eager_attention_and_medium_matmul_precision_learn_what_the_defaults_lea
 
 
 def test_resume_gives_the_losses_of_an_uninterrupted_run(tmp_path, tiny_data):
-    """20 steps straight vs the same run stopped after its step-10 checkpoint and resumed: identical losses."""
-    common = ("--max-steps", "20", "--save-every", "10", "--eval-every", "5")
-    _, straight, _ = run(tmp_path / "a", tiny_data, *common)
-    _, _, run_dir = run(tmp_path / "b", tiny_data, *common)
-    for folder in ("step-00000020", "final", "best"):  # as if it had died right after saving step 10
-        shutil.rmtree(run_dir / folder, ignore_errors=True)
-    code, resumed, _ = run(tmp_path / "b", tiny_data, *common, "--resume", "auto")
-    assert code == 0 and len(straight) == 20
-    assert len(resumed) == 20  # history.json keeps steps 1-10 and appends the resumed 11-20
-    assert max(abs(a - b) for a, b in zip(resumed, straight)) < 1e-6
+    """8 steps straight vs the same run stopped after its step-4 checkpoint and resumed: identical losses."""
+    common = ("--max-steps", "8", "--save-every", "4", "--eval-every", "2")
+    _, straight, run_dir = run(tmp_path, tiny_data, *common)
+    for folder in ("step-00000008", "final", "best"):  # as if it had died right after saving step 4
+        shutil.rmtree(run_dir / folder)
+    code, resumed, _ = run(tmp_path, tiny_data, *common, "--resume", "auto")
+    assert code == 0 and len(straight) == 8
+    assert len(resumed) == 8  # history.json keeps steps 1-4 and appends the resumed 5-8
+    log = (tmp_path / "logs" / "run" / "training.log").read_text()
+    assert f"resumed from {run_dir / 'step-00000004'} at step 4" in log  # a fresh start would give the same losses
+    assert max(abs(a - b) for a, b in zip(resumed[4:], straight[4:])) < 1e-6
 
 
-def test_best_and_final_load_with_auto_classes_and_generate(tmp_path, tiny_data):
+def test_best_and_final_load_with_auto_classes_and_generate(trained, tiny_data):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from utils.generate import main as generate_main
     from utils.generate import sample_text
 
-    _, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "10", "--eval-every", "5")
+    run_dir = trained / "ckpt" / "run"
     for folder in ("best", "final"):
         model = AutoModelForCausalLM.from_pretrained(run_dir / folder)
         tok = AutoTokenizer.from_pretrained(run_dir / folder)
@@ -115,10 +119,10 @@ def test_checkpoint_of_compiled_model_loads_into_plain_model(tmp_path, tiny_data
 
 
 def test_time_limit_saves_and_exits_zero(tmp_path, tiny_data):
-    code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "100000", "--max-training-hours", "0.0003")
+    code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "100000", "--max-training-hours", "0.0001")
     assert code == 0 and 0 < len(losses) < 100000
     assert check_complete(run_dir / "final") is None
-    assert "time limit of 0.0003 h reached" in (tmp_path / "logs" / "run" / "training.log").read_text()
+    assert "time limit of 0.0001 h reached" in (tmp_path / "logs" / "run" / "training.log").read_text()
 
 
 def test_early_stopping(tmp_path, tiny_data):
@@ -154,6 +158,7 @@ def test_lr_schedule_at_known_steps(tmp_path, tiny_data):
     (["--set", "train.nope=1"], "unknown train setting 'nope'"),
     (["--resume", "/nonexistent/run"], "--resume /nonexistent/run: no such checkpoint or run directory"),
     (["--mixed-precision", "fp16"], "fp16 needs a CUDA GPU"),
+    (["--sample-tokens", "-1"], "run.sample_tokens=-1: must be an integer >= 0"),
 ])
 def test_bad_input_is_one_line(tmp_path, tiny_data, capsys, extra, message):
     code, _, _ = run(tmp_path, tiny_data, "--max-steps", "2", *extra)
@@ -232,6 +237,7 @@ def test_cpu_fallbacks_are_reported(tmp_path, tiny_data):
     assert code == 0 and len(losses) == 2
     assert "--batch-size auto: micro batch 8 (no CUDA: the preset's size; auto needs a GPU to measure)" in log
     assert "MFU n/a, GPU n/a" in log
+    assert "sample:" not in log  # --sample-tokens 0 (run()'s): no end-of-run sample
 
 
 def test_rotate_also_removes_leftovers_of_interrupted_writes(tmp_path):

@@ -7,14 +7,14 @@ import sys
 from pathlib import Path
 
 
-def log_sample(model, tokenizer, prompt: str, seed: int, log) -> str:
+def log_sample(model, tokenizer, prompt: str, tokens: int, seed: int, log) -> str:
     """Every rank samples: under FSDP each forward all-gathers the shards, so rank 0 alone would hang.
 
-    The same seed and the same gathered weights give every rank the same 200 forwards; rank 0 logs.
+    The same seed and the same gathered weights give every rank the same `tokens` forwards; rank 0 logs.
     """
     from utils.lm import sample_text
 
-    text = readable_sample(sample_text(model, tokenizer, prompt, max_new_tokens=200, temperature=0.8, top_k=40,
+    text = readable_sample(sample_text(model, tokenizer, prompt, max_new_tokens=tokens, temperature=0.8, top_k=40,
                                        seed=seed), tokenizer.eos_token)
     log.info("sample:\n" + text)
     return text
