@@ -37,7 +37,9 @@ def saving_step(work) -> int:
 def test_a_second_ctrl_c_ends_everything_at_once_while_a_save_is_in_flight(tmp_path, tiny_data, round_):
     """Item 1: the second Ctrl-C came while the flush was writing; the run used to wait for that write (the
     uploader thread, the flush), or for the grace, before it ended. Now: 130, one line, the write is cut short."""
-    proc = start(tmp_path, tiny_data, 1, *MEDIUM, "--save-every", "1000")
+    # the grace only catches a hang: on a box loaded past both cores a step of this model took 25 s, and the
+    # first stop waits for the step in flight before it writes
+    proc = start(tmp_path, tiny_data, 1, *MEDIUM, "--save-every", "1000", "--grace-seconds", "600")
     wait_for("a step", lambda: training(tmp_path, 1), proc)
     with both_cores_loaded():
         family = tree(proc.pid)
