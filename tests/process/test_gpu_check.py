@@ -72,7 +72,10 @@ def test_a_run_past_its_limit_is_an_ok_false_line_and_nothing_of_it_is_left(tmp_
     assert line["stage"] == stage and line["ok"] is False, line
     assert line.get("resume_max_dloss", line.get("tok_s", line.get("blocking_first_s"))) is None, line
     assert f"{stage} " in captured.out and "ok=False" in captured.out, captured.out  # the readable row
-    assert "past its limit of 0.3 s" in captured.err and "Traceback" not in captured.err, captured.err
+    # the resume stages' launcher refuses the empty step folder in its preflight, which no longer imports torch:
+    # on a quiet box that refusal can come before 0.3 s; killed or refused, the resume compares nothing
+    ended = "past its limit of 0.3 s" in captured.err or (run and "has no COMPLETE marker" in captured.err)
+    assert ended and "Traceback" not in captured.err, captured.err
     wait_for("every process of the killed run to be gone", lambda: not processes_naming(str(out)), timeout=60)
 
 
