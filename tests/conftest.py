@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.paths import SHARED_DATA, SHARED_DATA_MISSING
-from tests.support.training import LONG_RUN, run
+from tests.support.training import LONG_RUN, one_torch_thread, run
 
 pytest_plugins = ["tests.support.gcs_servers", "tests.support.processes", "tests.support.tiers"]
 
@@ -91,18 +91,15 @@ def trained(tmp_path_factory, tiny_data):
 
 @pytest.fixture(scope="session")
 def trained_long(tmp_path_factory, tiny_data):
-    """A 40-step run on one thread (LONG_RUN), trained once per test run: its output folder (ckpt/run/step-00000010
-    to step-00000040, best/, final/ and logs; val loss ~3.3, far below ln(256) = 5.5). Shared: copy it to change it."""
-    import torch
+    """A 40-step run on one thread (LONG_RUN; run() trains on one, as the tests resuming it do: their losses must
+    match exactly), trained once per test run: its output folder (ckpt/run/step-00000010 to step-00000040, best/,
+    final/ and logs; val loss ~3.3, far below ln(256) = 5.5). Shared: copy it to change it."""
     from accelerate.state import AcceleratorState, GradientState
 
     out = tmp_path_factory.mktemp("trained-long")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in the tests (one_thread): a resumed run's losses must match exactly
     try:
         code, _, _ = run(out, tiny_data, *LONG_RUN)
     finally:
-        torch.set_num_threads(threads)
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
     assert code == 0
@@ -122,12 +119,8 @@ def fresh_accelerate_state():
 @pytest.fixture
 def one_thread(monkeypatch):
     """torch on one thread here and in subprocesses: same numerics everywhere, and no OpenMP spinning on a busy box."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    yield
-    torch.set_num_threads(before)
+    with one_torch_thread():
+        yield
 
 
