@@ -124,11 +124,17 @@ def record(code: int, message: str) -> bool:
     folder = os.environ.get(STATUS_DIR_ENV)
     if not (folder and Path(folder).is_dir()):
         return False
-    rank = int(os.environ.get("RANK", "0"))
-    with contextlib.suppress(FileExistsError):
-        fd = os.open(Path(folder) / f"rank-{rank:05d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+    name = f"rank-{int(os.environ.get('RANK', '0')):05d}"
+    # written whole, then linked into place: the launcher never reads a half-written outcome, and link() keeps
+    # the first one (it fails where the name exists)
+    temp = Path(folder) / f".{name}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        with os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
             f.write(f"{code}\n{message}")
+        with contextlib.suppress(FileExistsError):
+            os.link(temp, Path(folder) / name)
+    finally:
+        temp.unlink(missing_ok=True)
     return True
 
 
