@@ -59,6 +59,12 @@ def char_data(tmp_path_factory) -> Path:
                    workers=1, dataset_percent=5)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core, at most 4: each worker's tests start several ranks of their own."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
 def pytest_configure(config):
     # Single-process runs save and load DCP checkpoints without a process group on purpose.
     config.addinivalue_line("filterwarnings", "ignore:torch.distributed is disabled, unavailable or uninitialized")

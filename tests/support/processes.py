@@ -20,6 +20,16 @@ def _counting(self, *args, **kwargs):
 subprocess.Popen._execute_child = _counting  # every subprocess.run/Popen/check_output goes through here
 
 
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: its count goes to the controller
+        session.config.workeroutput["processes_started"] = STARTED["processes"]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    STARTED["processes"] += node.workeroutput.get("processes_started", 0)  # the controller adds up its workers'
+
+
 def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"processes started by the tests: {STARTED['processes']} (subprocess, this run)")
 
@@ -29,7 +39,7 @@ def no_processes(where: str):
     """Refuse, for the duration, everything that starts a process, a server or a process group."""
     def refuse(*_args, **_kwargs):
         raise AssertionError(f"{where} is a unit test: it may not start a process, a server or a process group "
-                             "(move it to tests/process, tests/ranks, tests/gcs or tests/pico)")
+                             "(move it to the tier of what it starts: tests/process, tests/ranks, tests/gcs, ...)")
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(subprocess.Popen, "_execute_child", refuse)
