@@ -27,7 +27,8 @@ def pytest_sessionfinish(session):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
-    STARTED["processes"] += node.workeroutput.get("processes_started", 0)  # the controller adds up its workers'
+    # the controller adds up its workers' counts; its own count holds the workers themselves (one Popen each)
+    STARTED["processes"] += node.workeroutput.get("processes_started", 0) - 1
 
 
 def pytest_terminal_summary(terminalreporter):
