@@ -181,6 +181,8 @@ def release(path: Path, me: Holder) -> None:
             _write(path, rest)
             return
         path.unlink(missing_ok=True)
+        for torn in path.parent.glob(".*.tmp"):  # every write holds the guard: a temp file now is a dead writer's
+            torn.unlink(missing_ok=True)          # (a second Ctrl-C ends a rank at once, mid-write)
         if os.listdir(path.parent) != [GUARD]:
             return  # another run's lock: the folder stays
         (path.parent / GUARD).unlink(missing_ok=True)  # whoever waits on it retries on a fresh guard
