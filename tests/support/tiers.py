@@ -25,6 +25,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 _unit_failed: list[str] = []
+_config = None  # the run's config: on the xdist controller it holds the plugin that stops every worker
 
 
 def pytest_runtest_logreport(report):
@@ -37,9 +38,6 @@ def pytest_runtest_logreport(report):
 
 def _stop_reason() -> str:
     return f"{len(set(_unit_failed))} unit test(s) failed: the slower tiers did not run"
-
-
-_config = None
 
 
 def pytest_configure(config):

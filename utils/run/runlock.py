@@ -181,8 +181,10 @@ def release(path: Path, me: Holder) -> None:
             _write(path, rest)
             return
         path.unlink(missing_ok=True)
-        for torn in path.parent.glob(".*.tmp"):  # every write holds the guard: a temp file now is a dead writer's
-            torn.unlink(missing_ok=True)          # (a second Ctrl-C ends a rank at once, mid-write)
+        # this lock's writers are its holders, all gone now but us: a temp file of it is a torn write (a second
+        # Ctrl-C ends a rank at once); other locks' temp files may be live writes (a filesystem without flock)
+        for torn in path.parent.glob(f".{path.name}.*.tmp"):
+            torn.unlink(missing_ok=True)
         if os.listdir(path.parent) != [GUARD]:
             return  # another run's lock: the folder stays
         (path.parent / GUARD).unlink(missing_ok=True)  # whoever waits on it retries on a fresh guard
