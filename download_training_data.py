@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from utils.atomic import check_writable_dir
-from utils.errors import CliParser, Interrupted, PiconeoxError, cli
+from utils.errors import CliParser, Interrupted, PiconeoxError, cli, exit_process
 from utils.data.shards import MANIFEST_FILE, verify_dataset
 from utils.storage import is_remote, open_storage
 from utils.storage.sync import SyncSummary, download_tree, upload_tree
@@ -109,4 +109,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

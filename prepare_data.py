@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from utils.data.prepare import DEFAULT_SHARD_TOKENS, DOCUMENT_RULE, VAL_SPLITS, 
 from utils.data.shards import SPLITS, read_manifest
 from utils.data.tokenizers import KINDS
 from utils.diskfull import DiskFull, raise_if_full
-from utils.errors import CliParser, Interrupted, PiconeoxError, cli
+from utils.errors import CliParser, Interrupted, PiconeoxError, cli, exit_process
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -92,4 +91,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -12,7 +12,6 @@ import contextlib
 import gc
 import math
 import os
-import sys
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from configs.flags import overrides_from_args, parse_args
-from utils.errors import PiconeoxError, cli
+from utils.errors import PiconeoxError, cli, exit_process
 
 if TYPE_CHECKING:  # the types of `Run`'s fields; each is imported where it is built
     import logging
@@ -439,4 +438,4 @@ if __name__ == "__main__":
 
     bind_worker()  # SIGTERM (a clean stop) when the process that started this one dies
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    sys.exit(main())
+    exit_process(main())

@@ -31,7 +31,7 @@ from benchmarks.gpu_results import GB, record  # noqa: E402
 from benchmarks.gpu_runs import (blocking, history, max_dloss, read, run_train, speed,  # noqa: E402
                                  steps_during_write)
 from utils.atomic import check_writable_dir  # noqa: E402
-from utils.errors import CliParser, PiconeoxError, at_least, cli  # noqa: E402
+from utils.errors import CliParser, PiconeoxError, at_least, cli, exit_process  # noqa: E402
 
 
 @dataclass
@@ -195,4 +195,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

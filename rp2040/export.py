@@ -24,7 +24,7 @@ from rp2040.runtime.gpt import buffer_bytes, plan_buffers
 from rp2040.vocab_bin import Vocab
 from utils.atomic import atomic_dir, atomic_write_json, check_output_dir
 from utils.ckpt.format import find_checkpoint
-from utils.errors import CliParser, PiconeoxError, cli
+from utils.errors import CliParser, PiconeoxError, cli, exit_process
 from utils.diskfull import one_line_when_full
 from utils.textfile import read_json
 
@@ -144,4 +144,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -9,11 +9,10 @@ process, without a process group. The run does this for final/ at its end; best/
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from utils.ckpt.write import consolidate
-from utils.errors import CliParser, PiconeoxError, cli
+from utils.errors import CliParser, PiconeoxError, cli, exit_process
 
 
 @cli
@@ -37,4 +36,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

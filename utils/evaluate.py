@@ -17,12 +17,11 @@ import argparse
 import difflib
 import logging
 import math
-import sys
 from pathlib import Path
 
 from utils.ckpt.format import find_checkpoint
 from utils.devices import resolve_device
-from utils.errors import CliParser, PiconeoxError, cli
+from utils.errors import CliParser, PiconeoxError, cli, exit_process
 from utils.atomic import check_output_file
 from utils.textfile import read_text
 
@@ -201,4 +200,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

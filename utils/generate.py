@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
 from utils.ckpt.format import find_checkpoint
 from utils.ckpt.load import load_model
 from utils.data.loader import BlockLoader
 from utils.data.tokenizers import TOKENIZER_FILE, tokenizer_kind
-from utils.errors import CliParser, PiconeoxError, cli
+from utils.errors import CliParser, PiconeoxError, cli, exit_process
 from utils.lm import evaluate, sample_text
 from utils.textfile import printable
 
@@ -80,4 +79,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

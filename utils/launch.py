@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        errors.exit_process(main())
     except KeyboardInterrupt:  # Ctrl-C before the training processes started (start_training.sh forwards it here)
         print("error: interrupted before the training processes started; nothing was trained", file=sys.stderr)
         sys.exit(errors.INTERRUPTED)

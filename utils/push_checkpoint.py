@@ -70,4 +70,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    errors.exit_process(main())

@@ -6,10 +6,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from utils.errors import CliParser, PiconeoxError, cli
+from utils.errors import CliParser, PiconeoxError, cli, exit_process
 
 
 GGUF_MAGIC = b"GGUF"
@@ -57,4 +56,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
