@@ -291,16 +291,23 @@ forward() {
   echo "start_training.sh: SIG$1: asking the run to save and stop (a second Ctrl-C stops at once)" >&2 || true
   if [ -n "$workers" ]; then
     kill -s "$1" $workers 2>/dev/null || true
-  else  # not started yet: nothing to save
-    kill -s "$1" -- "-$child" 2>/dev/null || true
+  else  # not started yet: nothing to save. SIGTERM, not the Ctrl-C itself: a Python still starting up (lifeline.py,
+    # the launcher's imports) ends quietly on it, where SIGINT printed a KeyboardInterrupt traceback and exit 1
+    before_launch=1
+    kill -s TERM -- "-$child" 2>/dev/null || true
   fi
 }
 trap 'forward INT' INT
 trap 'forward TERM' TERM
 trap 'forward HUP' HUP
-status=0
-while true; do
-  wait "$child" && status=0 || status=$?
-  kill -0 "$child" 2>/dev/null || break  # wait also returns when a trapped signal arrives
-done
+# Wait in short reads, not in `wait "$child"`: a trapped signal that landed just before bash's wait blocked ran its
+# trap only when the launcher ended (a Ctrl-C right after the launch was lost and the run trained on). `read -t`
+# returns at once on a trapped signal, and a signal lost like that waits at most one tick.
+exec {tick}<> <(:)  # a pipe this script holds both ends of: nothing ever arrives on it
+while kill -0 "$child" 2>/dev/null; do read -r -t 0.2 -u "$tick" _ || true; done
+wait "$child" && status=0 || status=$?
+if [ "${before_launch:-0}" = 1 ] && [ "$status" = 143 ]; then  # the launcher ended by that SIGTERM, before its handler
+  echo "error: interrupted before the training processes started; nothing was trained" >&2
+  exit 130
+fi
 exit "$status"
