@@ -91,6 +91,11 @@ def kill_tree(pid: int) -> None:
             os.kill(member, signal.SIGKILL)
 
 
+def relative_gap(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b)
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
 def machines(tmp_path, data, count: int, *extra) -> list[subprocess.CompletedProcess]:
     """FSDP2 on `count` simulated machines of 2 processes each (own working dirs, loopback, a local folder as the
     bucket); micro batch 1 x accumulation 2 on 4 ranks, 2 x 2 on 2: the same 8 blocks per step."""
