@@ -47,6 +47,7 @@ from utils.report import metrics, progress, summary  # noqa: E402,F401
 from utils.ckpt import resume, uploader  # noqa: E402,F401
 from utils.data import source  # noqa: E402
 from utils.data.shards import read_manifest  # noqa: E402
+from utils import errors  # noqa: E402
 from utils.errors import CliParser, PiconeoxError, cli  # noqa: E402
 
 T_IMPORTS = now()
@@ -86,10 +87,13 @@ def run_train(argv: list[str]) -> int:
     """`python train.py ARGV` in this process (as a script, as a user runs it: nothing of it is imported), so the
     wrapped functions time its phases; its exit code."""
     sys.argv = [str(REPO / "train.py"), *argv]
+    real_exit, errors.exit_process = errors.exit_process, sys.exit  # its last line would end this process too
     try:
         runpy.run_path(str(REPO / "train.py"), run_name="__main__")
     except SystemExit as e:
         return e.code or 0
+    finally:
+        errors.exit_process = real_exit
     return 0
 
 

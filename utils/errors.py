@@ -95,7 +95,7 @@ _UNSTOPPABLE: list[threading.Thread] = []
 def exit_process(code: int) -> NoReturn:
     """A CLI's last line (`exit_process(main())`): what Python's exit does first (join the threads that are not
     daemons, run the atexit handlers, flush), then os._exit without the interpreter's teardown. With torch and
-    transformers loaded, that teardown's garbage collection over every module took 1.5-4 s of CPU per process after
+    transformers loaded, that teardown's garbage collection over every module took 1.0-1.7 s of CPU per process after
     the work was done and said (gdb: gc_collect_main under finalize_modules), in every rank, launcher and stop."""
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
