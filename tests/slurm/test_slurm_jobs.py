@@ -50,6 +50,30 @@ def losses(work: Path, run: str) -> dict[int, float]:
     return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
+def ranks_of(work: Path, run: str) -> list[int]:
+    """The pids of `run`'s training processes (`python train.py`, not the preflight or the launcher)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            if (any(word.endswith(b"train.py") for word in cmd[1:3]) and b"--preflight" not in cmd  # python [-u]
+                    and str(work / "bucket").encode() in cmd and run.encode() in cmd):
+                found.append(int(proc.name))
+    return found
+
+
+def stop_arrived(pid: int) -> bool:
+    """A stop signal waits at the stopped process `pid` (or Slurm already continued it, or it is gone)."""
+    try:
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if ":\t" in line)
+    except OSError:
+        return True
+    waiting = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
+    return not status["State"].startswith("T") or any(waiting >> (sig - 1) & 1 for sig in (signal.SIGTERM,
+                                                                                             signal.SIGINT))
+
+
 def wait_for(condition, what: str, timeout: float = JOB):
     end = time.monotonic() + timeout
     while not (found := condition()):
@@ -82,8 +106,17 @@ def test_two_nodes_train_stop_on_scancel_and_resume(slurm, work):
     line = ("--max-steps", "20", "--save-every", "4", "--resume", "auto")
     cut = submit(slurm, work, "cut", *line)
     wait_for(lambda: complete_steps(work, "cut"), "the first checkpoint of the run to cancel")
+    # the ranks wait (stopped) while scancel's signal makes its way to them: a run of this size is quicker than
+    # Slurm's control path, and the stop must come before its last step
+    ranks = wait_for(lambda: ranks_of(work, "cut"), "the ranks of the run to cancel")
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
     before = complete_steps(work, "cut")
     slurm.out(["scancel", str(cut)])
+    wait_for(lambda: all(map(stop_arrived, ranks)), "scancel's signal at the ranks")
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
     finished(slurm, work, cut, "CANCELLED")
     after = complete_steps(work, "cut")
     log = outputs(work, cut)
