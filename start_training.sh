@@ -62,8 +62,8 @@ EOF
 }
 
 die() { echo "error: $*" >&2; exit 2; }
-# Until the launch, a stop signal ends this script (once the check in progress returns: bash runs traps only then;
-# without a trap a SIGINT to this script alone was dropped and the run started anyway).
+# Until utils/run/supervise.py takes over (at the end), a stop signal ends this script (once the check in progress
+# returns: bash runs traps only then; without a trap a SIGINT to this script alone was dropped).
 trap 'echo "error: interrupted before the training processes started; nothing was trained" >&2; exit 130' INT TERM HUP
 
 # A non-negative integer small enough for shell arithmetic, or die naming the flag.
@@ -246,68 +246,19 @@ if [ "$machines" -gt 1 ]; then export PICONEOX_MACHINE_RANK=$rank; fi
 # in TMPDIR, or where Python's tempfile falls back to when it is missing, read-only or full (then the run uses it too)
 lock_note=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.preflight temp-note) || exit $?
 [ -n "${TMPDIR:-}" ] && export TMPDIR="${lock_note%/*}"
-release_lock() {
-  local lock
-  lock=$(cat "$lock_note" 2>/dev/null || true)
-  if [ -n "$lock" ]; then PYTHONPATH="$ROOT" "$PY" -m utils.run.runlock release "$lock" $$ || true; fi
-  rm -f "$lock_note"
-}
-trap release_lock EXIT
+trap 'rm -f "$lock_note"' EXIT  # until the supervisor, which removes it, takes over
 
-# Bad settings, a missing dataset or resume path, bad gs:// settings: one line from train.py now, not a
-# traceback from the launcher after the workers started. A gs:// --data is synced here, once per machine and
-# outside any process group (no rank waits on it); the preflight prints the local folder the run then reads.
-synced=$(PICONEOX_RUN_LOCK_NOTE=$lock_note "$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --preflight \
-  --processes "$total") || exit $?
-if [ -n "$synced" ]; then
-  cmd+=(--data "$synced")
-  echo "data synced to $synced"
-fi
-echo "start_training.sh: $total training process(es) under accelerate launch (--dry-run prints the command)"
-
-# Run as a child in its own process group, so a terminal's Ctrl-C reaches only this script, and forward
-# Ctrl-C/SIGTERM/SIGHUP to the training processes themselves (the launcher's children): each saves and exits
-# 0, and the launcher then exits 0 too. Signalled itself, accelerate's launcher would die at once with a
-# traceback (or torchrun would report the workers as failed) while train.py is still saving. utils/run/lifeline.py
-# binds accelerate to this script (SIGTERM when it dies, e.g. by SIGKILL), and each train.py to accelerate.
-set -m
-# the run does not repeat the preflight's warnings (PICONEOX_PREFLIGHT_PASSED)
-"$PY" "$ROOT/utils/run/lifeline.py" $$ env PICONEOX_PREFLIGHT_PASSED=1 "${envs[@]}" "${cmd[@]}" &
-child=$!
-# The pids whose parent is $1, read from /proc (slim images have no pgrep).
-children_of() {
-  local stat fields
-  for stat in /proc/[0-9]*/stat; do
-    { read -r fields < "$stat"; } 2>/dev/null || continue
-    fields=(${fields##*) })  # after "pid (name) ": state ppid ...
-    if [ "${fields[1]}" = "$1" ]; then echo "${stat//[^0-9]/}"; fi
-  done
-}
-forward() {
-  local workers
-  # SIGHUP: the terminal is gone and writing to it would fail; the run's training.log keeps everything.
-  if [ "$1" = HUP ] && [ -c "/proc/$$/fd/2" ]; then exec >/dev/null 2>&1 </dev/null; fi
-  workers=$(children_of "$child")
-  echo "start_training.sh: SIG$1: asking the run to save and stop (a second Ctrl-C stops at once)" >&2 || true
-  if [ -n "$workers" ]; then
-    kill -s "$1" $workers 2>/dev/null || true
-  else  # not started yet: nothing to save. SIGTERM, not the Ctrl-C itself: a Python still starting up (lifeline.py,
-    # the launcher's imports) ends quietly on it, where SIGINT printed a KeyboardInterrupt traceback and exit 1
-    before_launch=1
-    kill -s TERM -- "-$child" 2>/dev/null || true
-  fi
-}
-trap 'forward INT' INT
-trap 'forward TERM' TERM
-trap 'forward HUP' HUP
-# Wait in short reads, not in `wait "$child"`: a trapped signal that landed just before bash's wait blocked ran its
-# trap only when the launcher ended (a Ctrl-C right after the launch was lost and the run trained on). `read -t`
-# returns at once on a trapped signal, and a signal lost like that waits at most one tick.
-exec {tick}<> <(:)  # a pipe this script holds both ends of: nothing ever arrives on it
-while kill -0 "$child" 2>/dev/null; do read -r -t 0.2 -u "$tick" _ || true; done
-wait "$child" && status=0 || status=$?
-if [ "${before_launch:-0}" = 1 ] && [ "$status" = 143 ]; then  # the launcher ended by that SIGTERM, before its handler
-  echo "error: interrupted before the training processes started; nothing was trained" >&2
-  exit 130
-fi
-exit "$status"
+# From here utils/run/supervise.py runs in this script's pid (bash dropped a stop signal that came while it waited for
+# a check to return, and could miss one in `wait`). It runs the preflight: bad settings, a missing dataset or resume
+# path, bad gs:// settings are one line from train.py now, not a traceback from the launcher after the workers
+# started; a gs:// --data is synced there, once per machine and outside any process group (no rank waits on it), and
+# the run reads the local folder the preflight prints. Then it starts the launcher in a process group of its own, so
+# a terminal's Ctrl-C reaches only the supervisor, which forwards Ctrl-C/SIGTERM/SIGHUP to the training processes
+# themselves (the launcher's children): each saves and exits 0, and the launcher then exits 0 too. Signalled itself,
+# accelerate's launcher would die at once with a traceback (or torchrun would report the workers as failed) while
+# train.py is still saving. utils/run/lifeline.py binds accelerate to the supervisor (SIGTERM when it dies, e.g. by
+# SIGKILL), and each train.py to accelerate. The supervisor releases the run lock at the end; the run does not repeat
+# the preflight's warnings (PICONEOX_PREFLIGHT_PASSED).
+preflight=("$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --preflight --processes "$total")
+exec "$PY" -S "$ROOT/utils/run/supervise.py" "$lock_note" "$total" "${#preflight[@]}" "${preflight[@]}" \
+  env PICONEOX_PREFLIGHT_PASSED=1 "${envs[@]}" "${cmd[@]}"
