@@ -25,6 +25,7 @@ if __package__ in (None, ""):  # run as a file: the repository root on the path,
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # not utils/: its evaluate.py would shadow the package
 
 from utils import errors  # noqa: E402
+from utils.run.lifeline import children_of  # noqa: E402
 
 
 def failed_code(exc: BaseException) -> int:
@@ -41,19 +42,6 @@ def failed_code(exc: BaseException) -> int:
     raise exc
 
 
-def children() -> list[int]:
-    """The pids of this process's children (the training processes), from /proc."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(") ", 1)[1].split()  # after "pid (name) ": state, parent pid, ...
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == os.getpid():
-            found.append(int(stat.parent.name))
-    return found
-
-
 def pass_on_stops(status: Path) -> None:
     """SIGTERM/SIGINT/SIGHUP to the launcher reach the training processes as a clean stop (SIGTERM; a Ctrl-C after
     an earlier signal as SIGINT: the second Ctrl-C); once they have all ended the launcher just finishes, and before
@@ -63,7 +51,7 @@ def pass_on_stops(status: Path) -> None:
     def stop(signum, frame):
         forward = signal.SIGINT if signum == signal.SIGINT and signalled else signal.SIGTERM
         signalled.append(signum)
-        workers = children()
+        workers = children_of(os.getpid())
         for pid in workers:
             try:
                 os.kill(pid, forward)

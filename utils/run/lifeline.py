@@ -24,6 +24,7 @@ import stat
 import sys
 import threading
 import time
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 LAUNCH_PID_ENV = "PICONEOX_LAUNCH_PID"  # the pid of `accelerate launch`, the parent of every worker
@@ -53,6 +54,19 @@ def bind_worker() -> None:
     _worker = True
     launch = os.environ.get(LAUNCH_PID_ENV, "")
     die_with_parent(int(launch) if launch.isdigit() else None)
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids whose parent is `pid`, read from /proc (slim images have no pgrep)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(") ", 1)[1].split()  # after "pid (name) ": state, parent pid, ...
+        except (OSError, IndexError):  # gone meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.parent.name))
+    return found
 
 
 def is_worker() -> bool:

@@ -23,21 +23,12 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+if __name__ == "__main__":  # run as a file: the repository's `utils`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from utils.run.lifeline import children_of, detach_terminal  # noqa: E402
+
 BEFORE_LAUNCH = "error: interrupted before the training processes started; nothing was trained"
-
-
-def children_of(pid: int) -> list[int]:
-    """The pids whose parent is `pid`, read from /proc (slim images have no pgrep)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = Path(entry.path, "stat").read_text()
-            except OSError:  # gone meanwhile
-                continue
-            if int(stat.rpartition(")")[2].split()[1]) == pid:  # after "pid (name) ": state ppid ...
-                found.append(int(entry.name))
-    return found
 
 
 def say(line: str, stream=None) -> None:
@@ -73,7 +64,6 @@ class Supervisor:
 
     def forward(self, sig: int, _frame=None) -> None:
         if sig == signal.SIGHUP:  # the terminal is gone and writing to it would fail; training.log keeps everything
-            from utils.run.lifeline import detach_terminal
             detach_terminal()
         say(f"start_training.sh: {signal.Signals(sig).name}: asking the run to save and stop (a second Ctrl-C "
             "stops at once)")
@@ -163,5 +153,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the repository's `utils`
     sys.exit(main(sys.argv[1:]))
