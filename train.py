@@ -386,11 +386,12 @@ def finish(run: Run, reason: str) -> int:
         cuda = run.accelerator.device.type == "cuda"
         run.report.summary(state.step, reason, state.best_val_loss, run.log_dir, sample[0] if sample else None,
                            torch.cuda.max_memory_allocated() / 1e9 if cuda else None)
+        run.metrics.close()
+    stop.outcome = code  # the run has ended: a signal from here on (a late Ctrl-C) changes nothing...
+    if run.accelerator.is_main_process:  # ...so the lines that say so come after it
         log.info(where_things_are(run.run_dir, run.log_dir, run.cfg.run.log_dir))
         log.info(next_commands(run.cfg.preset, run.run_dir, stopped=run.vote.stopping,
                                last=None if tc.best_and_final else run.ckpt.step_folder(state.step)))
-        run.metrics.close()
-    stop.outcome = code  # the run has ended: a signal from here on (a late Ctrl-C) changes nothing
     run.accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     run.accelerator.end_training()
     return code

@@ -1,5 +1,5 @@
 """A busy box for the stop tests: both cores taken by `yes` while a run started at nice 10 is signalled (issue 42),
-and the start_training.sh runs those tests signal."""
+the start_training.sh runs those tests signal, and `all_at_once`, which makes every stop in one window of load."""
 from __future__ import annotations
 
 import contextlib
@@ -7,6 +7,9 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.chaos import TINY, alive, tree
@@ -29,11 +32,12 @@ def both_cores_loaded():
 
 
 def start(work: Path, data: Path, procs: int, *extra: str) -> subprocess.Popen:
-    """./start_training.sh at nice 10 (as a user runs it beside other jobs), its output in work/out."""
+    """./start_training.sh at nice 10 (as a user runs it beside other jobs), its output in work/out. Its grace only
+    catches a hang: on a box loaded past both cores a clean stop's save took over the default 30 s."""
     work.mkdir(parents=True, exist_ok=True)
     cmd = ["nice", "-n", "10", str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs",
            str(procs), "--data", str(data), "--max-steps", "100000", "--", *TINY, "--output-dir", str(work / "ckpt"),
-           "--log-dir", str(work / "logs"), "--run-name", "r", *extra]
+           "--log-dir", str(work / "logs"), "--run-name", "r", "--grace-seconds", "600", *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PICONEOX_", "OMP_NUM_THREADS"))}
     out = open(work / "out", "w")  # a file: an unread pipe would fill up and block the run
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**env, "PICONEOX_FAKE_GPUS": "0"},
@@ -59,7 +63,7 @@ def output(work: Path) -> str:
     return (work / "out").read_text(errors="replace")
 
 
-def wait_for(what: str, check, proc: subprocess.Popen, timeout: float = 300):
+def wait_for(what: str, check, proc: subprocess.Popen, timeout: float = 600):
     """Poll `check` until it returns something true; fails naming `what` if the run ends first or on a hang."""
     deadline = time.monotonic() + timeout
     while not (result := check()):
@@ -84,4 +88,40 @@ def ended(proc: subprocess.Popen, family, timeout: float = 180) -> tuple[int, li
     return code, alive(family)
 
 
-__all__ = ["ROUNDS", "both_cores_loaded", "start", "output", "wait_for", "training", "ended", "tree"]
+@dataclass
+class Stop:
+    """One stop of a loaded test: `ready(work, data)` starts its run on the free box and returns what `act` needs;
+    `act(state)` makes the stop with both cores loaded and returns what its test checks."""
+    ready: Callable
+    act: Callable
+
+
+@dataclass
+class Failed:
+    """A stop that raised (a wait that timed out, a run that ended early): its test raises `error`."""
+    error: BaseException
+
+
+def all_at_once(stops: dict[str, Stop], root: Path, data: Path) -> dict[str, object]:
+    """Every stop's `ready` at once on the free box, then every `act` at once in one window of load: the other runs
+    are the box's other jobs. Returns each stop's result, or Failed; nothing of any run is left."""
+    def guarded(step: Callable, *args):
+        try:
+            return step(*args)
+        except Exception as error:  # noqa: BLE001 - handed to the stop's own test
+            return Failed(error)
+
+    def act(name: str, state):
+        return state if isinstance(state, Failed) else guarded(stops[name].act, state)
+
+    try:
+        with ThreadPoolExecutor(len(stops)) as pool:
+            states = dict(zip(stops, pool.map(lambda name: guarded(stops[name].ready, root / name, data), stops)))
+            with both_cores_loaded():
+                return dict(zip(stops, pool.map(act, stops, states.values())))
+    finally:
+        kill_leftovers()
+
+
+__all__ = ["ROUNDS", "Stop", "Failed", "all_at_once", "both_cores_loaded", "start", "output", "wait_for", "training",
+           "ended", "tree"]
