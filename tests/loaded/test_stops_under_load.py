@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from tests.support.loaded import (ROUNDS, Failed, Stop, all_at_once, ended, output, start, training, tree,
-                                  wait_for)
+from tests.support.loaded import (ROUNDS, Failed, Stop, all_at_once, carry_on, ended, output, paused, start,
+                                  training, tree, wait_for)
 from tests.support.paths import REPO
 from utils.ckpt.format import check_complete, read_marker, step_dir_name
 
@@ -32,16 +32,22 @@ def saving_step(work) -> int:
 
 
 def training_run(procs: int, *extra: str):
-    """A `ready` step: the run trains on every rank."""
+    """A `ready` step: the run trains on every rank; its ranks wait, stopped, until the stop continues them."""
     def ready(work, data):
         proc = start(work, data, procs, *extra)
         wait_for(f"{procs} rank(s) training", lambda: training(work, procs), proc)
-        return work, proc
+        return work, proc, paused(proc)
     return ready
 
 
+def continued(state):
+    work, proc, pids = state
+    carry_on(pids)
+    return work, proc
+
+
 def second_ctrl_c_in_flight(state):
-    work, proc = state
+    work, proc = continued(state)
     family = tree(proc.pid)
     proc.send_signal(signal.SIGINT)
     wait_for("the stop's write", lambda: "writing step" in output(work).partition(" received: saving")[2], proc)
@@ -52,7 +58,7 @@ def second_ctrl_c_in_flight(state):
 
 
 def ctrl_c_after_the_next_lines(state):
-    work, proc = state
+    work, proc = continued(state)
     family = tree(proc.pid)
     proc.send_signal(signal.SIGINT)
     wait_for("the next: lines", lambda: "next:" in output(work), proc)
@@ -61,7 +67,7 @@ def ctrl_c_after_the_next_lines(state):
 
 
 def sigterm_to_every_process(state):
-    work, proc = state
+    work, proc = continued(state)
     family = tree(proc.pid)
     assert len(family) >= 4, family  # the script, the launcher, two ranks
     for pid, _ in family:
