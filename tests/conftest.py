@@ -9,6 +9,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# torch on one thread in this process and every process it starts (a test of the launcher's own choice removes it):
+# with two workers and their ranks on two cores, OpenMP's extra threads only spin while they wait for a core.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import signal  # noqa: E402
 
