@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.chaos import carry_on, pause, training_argv
 from tests.support.paths import REPO
 
 SBATCH = REPO / "configs" / "slurm" / "train.sbatch"
@@ -52,14 +53,8 @@ def losses(work: Path, run: str) -> dict[int, float]:
 
 def ranks_of(work: Path, run: str) -> list[int]:
     """The pids of `run`'s training processes (`python train.py`, not the preflight or the launcher)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            if (any(word.endswith(b"train.py") for word in cmd[1:3]) and b"--preflight" not in cmd  # python [-u]
-                    and str(work / "bucket").encode() in cmd and run.encode() in cmd):
-                found.append(int(proc.name))
-    return found
+    return [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+            if (argv := training_argv(pid)) and str(work / "bucket") in argv and run in argv]
 
 
 def stop_arrived(pid: int) -> bool:
@@ -109,14 +104,11 @@ def test_two_nodes_train_stop_on_scancel_and_resume(slurm, work):
     # the ranks wait (stopped) while scancel's signal makes its way to them: a run of this size is quicker than
     # Slurm's control path, and the stop must come before its last step
     ranks = wait_for(lambda: ranks_of(work, "cut"), "the ranks of the run to cancel")
-    for pid in ranks:
-        os.kill(pid, signal.SIGSTOP)
+    pause(ranks)
     before = complete_steps(work, "cut")
     slurm.out(["scancel", str(cut)])
     wait_for(lambda: all(map(stop_arrived, ranks)), "scancel's signal at the ranks")
-    for pid in ranks:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+    carry_on(ranks)
     finished(slurm, work, cut, "CANCELLED")
     after = complete_steps(work, "cut")
     log = outputs(work, cut)

@@ -2,6 +2,7 @@
 what an uninterrupted run left: the machinery of benchmarks/chaos_lifecycle.py and of the tests that kill runs."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -50,6 +51,29 @@ def tree(root: int) -> list[tuple[int, int]]:
 
 def alive(procs: list[tuple[int, int]]) -> list[int]:
     return [pid for pid, start in procs if start_time(pid) == start]
+
+
+def training_argv(pid: int) -> list[str] | None:
+    """`pid`'s command line when it is a training process (`python [-u] train.py ...`), else None: the preflight
+    check, the launcher and the supervisor name train.py in theirs too."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:  # gone meanwhile
+        return None
+    script = next((arg for arg in argv[1:] if arg and not arg.startswith("-")), "")
+    return argv if script.endswith("train.py") and "--preflight" not in argv else None
+
+
+def pause(pids: list[int]) -> None:
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+
+
+def carry_on(pids: list[int]) -> None:
+    """SIGCONT to each of `pids` that is still there."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
 
 
 def phase(work: Path, procs: int, since: float) -> str:

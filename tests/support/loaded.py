@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.chaos import TINY, alive, tree
+from tests.support.chaos import TINY, alive, carry_on, pause, training_argv, tree
 from tests.support.paths import REPO
 from tests.support.ranks import kill_tree
 
@@ -82,31 +82,12 @@ def training(work: Path, procs: int) -> bool:
     return holders >= procs and "loss=" in output(work)
 
 
-def ranks(proc: subprocess.Popen) -> list[int]:
-    """The run's training processes: train.py under the launcher (its preflight check has ended by then)."""
-    found = []
-    for pid, _ in tree(proc.pid):
-        with contextlib.suppress(OSError):
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-            script = next((arg for arg in argv[1:] if arg and not arg.startswith("-")), "")
-            if script.endswith("train.py") and "--preflight" not in argv:
-                found.append(pid)
-    return found
-
-
 def paused(proc: subprocess.Popen) -> list[int]:
     """Stop (SIGSTOP) the run's ranks while other runs get ready: ten ranks training at nice 10 for a minute took a
     core from the rest of the suite. `carry_on` continues them before their stop; the run never sees the pause."""
-    pids = ranks(proc)
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+    pids = [pid for pid, _ in tree(proc.pid) if training_argv(pid)]
+    pause(pids)
     return pids
-
-
-def carry_on(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
 
 
 def ended(proc: subprocess.Popen, family, timeout: float = 180) -> tuple[int, list[int]]:
