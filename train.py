@@ -151,7 +151,8 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     from utils.ckpt.checkpointer import Checkpointer, TrainerState, training_parts
     from utils.data.source import local_dataset, make_loaders
     from utils.data.tokenizers import load_tokenizer
-    from utils.distributed import make_accelerator, rank0_decides
+    from utils.distributed import rank0_decides
+    from utils.run.accelerator import make_accelerator
     from utils.ema import WeightEMA
     from utils.lm import auto_micro_batch
     from utils.report.metrics import MetricsWriter, peak_flops, setup_logging

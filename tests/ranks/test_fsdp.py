@@ -23,7 +23,7 @@ def test_fsdp2_stays_fsdp2_gathers_once_per_step_and_keeps_fp32_under_bf16():
     its state): a step of 4 micro-steps all-gathers and reduce-scatters each FSDP unit once, as a step of one does
     (no sync in the first 3, parameters kept gathered across them). Issue 42 item 10, in FSDP2's own state under
     bf16: computes in bf16 (bf16 all-gathers) while master weights, gradients, their reduction and AdamW's states
-    stay fp32 (accelerate alone would reduce in bf16: utils/distributed.py's fsdp_plugin)."""
+    stay fp32 (accelerate alone would reduce in bf16: utils/run/accelerator.py's fsdp_plugin)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", FSDP_CONFIG, "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "bf16", "--dynamo_backend", "no", "--main_process_port", "0",
            str(REPO / "tests" / "support" / "fsdp_probe.py")]

@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from configs.model import MODEL_PRESETS, build_model
-from utils.distributed import make_accelerator
+from utils.run.accelerator import make_accelerator
 from utils.lm import lm_loss
 from utils.optim import build_optimizer
 from utils.sharding import check_prepared, describe, micro_step

@@ -22,7 +22,8 @@ from utils.ckpt.load import load_sharded
 from utils.ckpt.state import Snapshot, rng_state, staged_share, tensor_bytes, tensor_leaves
 from utils.ckpt.uploader import CheckpointUploader, SaveRequest
 from utils.data.tokenizers import load_tokenizer
-from utils.distributed import cpu_group, make_accelerator, weights_come_from_rank0
+from utils.distributed import cpu_group, weights_come_from_rank0
+from utils.run.accelerator import make_accelerator
 from utils.lm import lm_loss
 from utils.optim import build_optimizer
 

@@ -36,7 +36,7 @@ def run_bounded(cmd, timeout: float, **kwargs) -> subprocess.CompletedProcess:
 def launch(tmp_path, data, procs: int, micro_batch: int, *extra, fsdp: bool = False):
     """./start_training.sh --gpus 0 --procs N; returns (per-step losses, completed process).
 
-    fsdp=True: the production FSDP2 config, really sharded over gloo (PICONEOX_CPU_FSDP=1, utils/distributed.py).
+    fsdp=True: the production FSDP2 config, really sharded over gloo (PICONEOX_CPU_FSDP=1, utils/run/accelerator.py).
     """
     config = ["--accelerate-config", str(REPO / "configs" / "accelerate" / "fsdp_production.yaml")] if fsdp else []
     cmd = [str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs", str(procs), *config,

@@ -1,8 +1,9 @@
-"""utils/distributed.py: the FSDP2 plugin that train.py hands to accelerate."""
+"""utils/run/accelerator.py: the FSDP2 plugin that train.py hands to accelerate."""
 import pytest
 import torch
 
-from utils.distributed import check_timeout, fsdp_plugin
+from utils.distributed import check_timeout
+from utils.run.accelerator import fsdp_plugin
 from utils.errors import PiconeoxError
 
 
