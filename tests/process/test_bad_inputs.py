@@ -101,9 +101,10 @@ def pico(tmp_path_factory):
     return ckpt, d / "model"
 
 
-def test_round3_classes_are_one_line_in_every_cli(tmp_path, tmp_path_factory, tiny_data, pico):
-    """Issue 21 items 1-5 and 14, issue 24 item 6: each class of mistake, in every CLI of that class, through the
-    one mechanism the class has (utils.atomic, utils.devices, utils.textfile, rp2040.uf2, rp2040.prompt)."""
+def test_each_class_of_mistake_is_one_line_in_every_cli(tmp_path, tmp_path_factory, tiny_data, pico):
+    """Each class of mistake (output paths, devices, binary input, silent successes, firmware, flags, prompts), in
+    every CLI of that class, through the one mechanism the class has (utils.atomic, utils.devices, utils.textfile,
+    rp2040.uf2, rp2040.prompt)."""
     import torch
 
     ckpt, model = pico

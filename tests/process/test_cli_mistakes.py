@@ -1,4 +1,4 @@
-"""Careless use (issue 42, items 12-17): the CLI wiring, as processes. The launcher's checks run before anything
+"""Mistakes in using the CLIs, as processes. The launcher's checks run before anything
 starts; the scripts' refusals are one `error:` line and exit 2 (the Python CLIs in one interpreter)."""
 import os
 import subprocess
@@ -20,7 +20,7 @@ def launch(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_script_mistakes_are_one_line_before_any_work(tmp_path):
-    """Item 17: a CalledProcessError after a first run, tracebacks, an empty table, an internal message."""
+    """Unchecked: a CalledProcessError after a first run, tracebacks, an empty table, an internal message."""
     (tmp_path / "tiny.txt").write_text("a few words\n")
     cases = [
         ("benchmarks.ema_effect", ["--presets", "pico-fast", "--decays", "0", "1"], "train.ema_decay=1.0: must be"),
@@ -47,7 +47,7 @@ def test_script_mistakes_are_one_line_before_any_work(tmp_path):
 
 
 def test_an_unusable_tmpdir_is_no_raw_mktemp_line(tmp_path):
-    """Item 12: every launch stopped with `mktemp: failed to create file` and exit 1."""
+    """Unchecked, every launch stopped with `mktemp: failed to create file` and exit 1."""
     proc = launch("--config", "nope", "--gpus", "0", cwd=tmp_path, TMPDIR=str(tmp_path / "missing"))
     assert proc.returncode == 2 and "mktemp" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith(f"warning: TMPDIR {tmp_path / 'missing'} is missing, read-only or full; "
@@ -66,21 +66,21 @@ def test_an_unusable_tmpdir_is_no_raw_mktemp_line(tmp_path):
     (["--accelerate-config", "README.md"], {}, "--accelerate-config 'README.md' is not YAML at line"),
 ])
 def test_launch_settings_that_cannot_work_stop_before_the_launch(args, env, message):
-    """Items 13, 14: a warning and exit 0, "does not exist" for a folder, or accelerate's traceback later."""
+    """Unchecked: a warning and exit 0, "does not exist" for a folder, or accelerate's traceback later."""
     proc = launch("--dry-run", "--config", "production", "--gpus", "8", *args, cwd=REPO, PICONEOX_FAKE_GPUS="8", **env)
     assert proc.stdout == "", proc.stdout
     assert_one_error_line(proc.returncode, proc.stderr, message)
 
 
 def test_a_gloo_interface_that_does_not_exist_stops_the_preflight(tmp_path):
-    """Item 15: gloo raised in every rank after the launch, one traceback each."""
+    """Unchecked, gloo raised in every rank after the launch, one traceback each."""
     proc = launch("--config", "test", "--gpus", "0", "--procs", "2", "--data", str(tmp_path / "none"), cwd=tmp_path,
                   GLOO_SOCKET_IFNAME="eth-nope")
     assert_one_error_line(proc.returncode, proc.stderr, "GLOO_SOCKET_IFNAME='eth-nope' names no network interface")
 
 
 def test_consolidate_on_a_full_disk_is_one_line_and_leaves_nothing(trained, tmp_path):
-    """Item 15: safetensors' SafetensorError is no OSError: the ENOSPC net let its traceback through."""
+    """safetensors' SafetensorError is no OSError: the ENOSPC net let its traceback through."""
     disk = tmp_path / "disk"
     disk.mkdir()
     mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True,

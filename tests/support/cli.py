@@ -55,3 +55,10 @@ def assert_one_error_line(code, err, message, context=""):
 def binary_file(path):
     path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe\x00")
     return str(path)
+
+
+def assert_error_line(err: str, *words: str) -> None:
+    """`err` holds exactly one line starting `error: `, with each of `words`, and no traceback (any exit code)."""
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert all(w in lines[0] for w in words), lines[0]

@@ -1,6 +1,6 @@
-"""Careless use (issue 42, items 11-18): the checks that refuse it, called in-process. Each refusal is one
+"""The checks of a launch's settings, called in-process: TMPDIR, --main-process-ip, --accelerate-config, the run
+locks' guard, GLOO_SOCKET_IFNAME, leftover torchrun variables, WANDB_MODE and lm-eval task files. Each refusal is one
 PiconeoxError line naming the value (the CLIs print it as `error: ...`, exit 2) and leaves everything as it was."""
-import hashlib
 import tempfile
 from pathlib import Path
 
@@ -9,41 +9,8 @@ import pytest
 from utils.errors import PiconeoxError
 
 
-def snapshot(folder: Path) -> dict:
-    return {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*")
-            if p.is_file()}
-
-
-def test_consolidate_never_writes_into_the_runs_own_checkpoints(trained, tmp_path):
-    """Item 11: --out <run>/final replaced final/ (exit 0), then --resume <run>/final failed; --out inside a step
-    folder wrote a model rotation deletes. Item 18: a best/ input blamed --out."""
-    from utils.ckpt.format import find_checkpoint
-    from utils.ckpt.write import consolidate
-
-    run_dir = trained / "ckpt" / "run"
-    step = run_dir / "step-00000010"
-    before = snapshot(run_dir)
-    for out, words in [(run_dir / "final", "is one of the run's own checkpoints"),
-                       (run_dir / "best", "is one of the run's own checkpoints"),
-                       (run_dir / "step-00000020", "is one of the run's own checkpoints"),
-                       (step / "model", f"is inside the checkpoint {step}"),
-                       (run_dir / "final" / "hf", "is inside the checkpoint"),
-                       (run_dir / ".step-00000020.tmp", "is one of the run's own checkpoints"),
-                       (step / ".." / "final", f"{run_dir / 'final'} is one of the run's own checkpoints")]:
-        with pytest.raises(PiconeoxError, match="--out .*" + words):
-            consolidate(step, out)
-    with pytest.raises(PiconeoxError, match=f"{run_dir / 'best'} is consolidated already"):
-        consolidate(run_dir / "best", tmp_path / "from-best")
-    assert snapshot(run_dir) == before and not (tmp_path / "from-best").exists()
-    assert find_checkpoint(run_dir / "final", resume=True) == run_dir / "final"  # still resumable
-    models = tmp_path / "models" / "m"
-    assert consolidate(step, models) == models and consolidate(step, models) == models  # its own output: replaced
-    with pytest.raises(PiconeoxError, match="is inside the checkpoint"):
-        consolidate(step, models / "nested")
-
-
 def test_an_unusable_tmpdir_falls_back_with_one_warning(monkeypatch, tmp_path, capsys):
-    """Item 12: the launcher's temporary note; a missing TMPDIR or one that is a file was a raw mktemp line."""
+    """The launcher's temporary note: a missing TMPDIR, or one that is a file, was a raw mktemp line."""
     from utils.preflight import temp_note
 
     a_file = tmp_path / "a-file"
@@ -76,7 +43,7 @@ def test_an_unusable_tmpdir_falls_back_with_one_warning(monkeypatch, tmp_path, c
     ("224.0.0.1", "is no machine's address"),
 ])
 def test_a_main_process_ip_no_machine_can_dial_is_refused(host, message):
-    """Item 13: was a warning and exit 0, then a rendezvous that never forms."""
+    """Unchecked, it was a warning and exit 0, then a rendezvous that never forms."""
     from utils.run.network import check_main_process_ip
 
     with pytest.raises(PiconeoxError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -120,7 +87,7 @@ def test_a_scheduler_master_name_not_in_dns_yet_is_a_warning_not_a_refusal(monke
     ("distributed_type: FSDP\nfsdp_confg: {}\n", 0, "is refused by accelerate: The config file had unknown keys"),
 ])
 def test_an_accelerate_config_we_do_not_run_is_refused(tmp_path, text, gpus, message):
-    """Item 14: accelerate's traceback after the preflight passed, or a DeepSpeed config silently ignored."""
+    """Unchecked: accelerate's traceback after the preflight passed, or a DeepSpeed config silently ignored."""
     from utils.preflight import check_accelerate_config
 
     path = tmp_path / "acc.yaml"
@@ -152,7 +119,7 @@ def test_the_repositorys_accelerate_configs_pass():
 
 
 def test_a_guard_that_is_a_folder_is_one_line(tmp_path):
-    """Item 15: os.open on the folder was an IsADirectoryError traceback."""
+    """Unchecked, os.open on the folder was an IsADirectoryError traceback."""
     from utils.run import runlock
 
     (tmp_path / "ckpt" / ".locks" / ".guard").mkdir(parents=True)
@@ -163,7 +130,7 @@ def test_a_guard_that_is_a_folder_is_one_line(tmp_path):
 
 
 def test_gloo_socket_ifname_must_name_an_interface_here():
-    """Item 15: gloo raised in every rank (a traceback each) after the launch."""
+    """Unchecked, gloo raised in every rank (a traceback each) after the launch."""
     import socket
 
     from utils.run.network import check_gloo_ifname
@@ -190,7 +157,7 @@ def test_gloo_socket_ifname_must_name_an_interface_here():
      "train.py: process group from the environment, no launcher"),
 ])
 def test_leftover_torchrun_variables_are_refused_or_announced(env, outcome):
-    """Item 15: RANK/WORLD_SIZE left in a shell made a plain train.py wait silently (or raise in accelerate)."""
+    """Unchecked, RANK/WORLD_SIZE left in a shell made a plain train.py wait silently (or raise in accelerate)."""
     from utils.run.launch_env import check_launch_env
 
     if outcome is None or outcome.startswith("train.py"):
@@ -215,32 +182,8 @@ def test_plain_train_py_with_leftover_rank_variables_is_one_line(monkeypatch, tm
     assert not run_dir.exists()
 
 
-def test_a_local_bucket_that_is_a_file_is_refused_before_any_step(tmp_path, tiny_data, capsys, fresh_accelerate_state):
-    """Item 18: the run trained, then exited 3 ("try later") for a bucket path that can never work."""
-    from tests.support.training import run
-    from utils.storage import open_storage
-
-    a_file = tmp_path / "bucket"
-    a_file.write_text("x")
-    for url, words in ((a_file, "is a file"), (a_file / "sub", f"lies under the file {a_file}")):
-        with pytest.raises(PiconeoxError, match=f"bucket {url} {words}"):
-            open_storage(str(url))
-    code, losses, run_dir = run(tmp_path, tiny_data, "--max-steps", "2", "--checkpoint-bucket", str(a_file))
-    assert code == 2 and losses == [] and not list(run_dir.glob("step-*")), capsys.readouterr().err
-    assert f"error: bucket {a_file} is a file" in capsys.readouterr().err
-
-
-def test_push_from_inside_the_run_folder(trained, tmp_path, monkeypatch):
-    """Item 18: `push_checkpoint.py .` uploaded under an empty object name and exited 3."""
-    from utils.push_checkpoint import push
-
-    monkeypatch.chdir(trained / "ckpt" / "run")
-    assert push(Path("."), str(tmp_path / "bucket"), None).endswith(f"{tmp_path / 'bucket'}/run/step-00000010")
-    assert (tmp_path / "bucket" / "run" / "step-00000010" / "COMPLETE").is_file()
-
-
 def test_a_bogus_wandb_mode_is_named(monkeypatch):
-    """Item 18: W&B's own "1 validation error for Settings" did not say which setting."""
+    """Unchecked, W&B's own "1 validation error for Settings" did not say which setting."""
     from utils.report.trackers import check_wandb_login, check_wandb_mode
 
     for bad in ("bogus", "Offline", ""):
@@ -254,7 +197,7 @@ def test_a_bogus_wandb_mode_is_named(monkeypatch):
 
 
 def test_a_broken_task_yaml_is_named(tmp_path):
-    """Item 18: lm-eval skips a task YAML it cannot read without a word: it was "not an lm-eval task"."""
+    """lm-eval skips a task YAML it cannot read without a word: unchecked, it was "not an lm-eval task"."""
     import shutil
 
     from tests.support.paths import REPO
