@@ -1,4 +1,4 @@
-"""How the bounded pickle walk's time grows with its input (issue 41 items 2-4): each hostile shape at n and 2n,
+"""How the bounded pickle walk's time grows with its input: each hostile shape at n and 2n,
 walked in this process; a ratio near 2 is linear, near 4 quadratic.
 
     .venv/bin/python benchmarks/bench_pickle_walk.py [--size BYTES]

@@ -72,7 +72,7 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
                            max_steps=2000, learning_rate=1e-3, warmup_steps=100, beta2=0.99, eval_every=250,
                            eval_batches=20, save_every=1000,
                            matmul_precision="medium", attention="eager"),
-    # Time to quality on CPU (benchmarks/README.md, issue 40): the CHAR_FAST model (full RoPE, 1x FFN: 1.5x cheaper
+    # Time to quality on CPU (benchmarks/README.md): the CHAR_FAST model (full RoPE, 1x FFN: 1.5x cheaper
     # steps than nanoGPT's shape) trained with Muon on the layers' matrices (AdamW keeps embedding, head, norms and
     # biases at 2e-3). -fast: nanoGPT's final val loss in the fewest steps; -best: the same recipe, longer, sized to
     # end well inside nanoGPT's wall time. One full checkpoint at the end (best/ still follows every eval).

@@ -132,7 +132,7 @@ def test_bucket_down_at_start_resumes_locally_and_training_goes_on(tmp_path, tin
                                 "--resume", "auto", "--checkpoint-bucket", "gs://piconeox-down/ckpt",
                                 "--grace-seconds", "1")
     log = (tmp_path / "logs" / "run" / "training.log").read_text()
-    assert code == 3 and len(losses) == 12  # trained, but its newest checkpoint is not in the bucket (issue 24 item 3)
+    assert code == 3 and len(losses) == 12  # trained, but its newest checkpoint is not in the bucket
     assert "bucket gs://piconeox-down/ckpt/run: cannot list it" in log
     assert "not confirmed there: step-00000005, step-00000010, step-00000012" in log
     assert "--resume auto: could not list gs://piconeox-down/ckpt/run, using local checkpoints only" in log
@@ -144,11 +144,11 @@ def test_bucket_down_at_start_resumes_locally_and_training_goes_on(tmp_path, tin
 
 
 def test_a_checkpoint_that_never_reached_a_directory_bucket_exits_3_and_push_finishes_it(tmp_path, tiny_data, capsys):
-    """Issue 24 item 3 (a directory as --checkpoint-bucket), issue 21 item 8 (no best/ suggested when none exists)."""
+    """A directory as --checkpoint-bucket; no best/ suggested when none exists."""
     from utils import push_checkpoint
     from utils.ckpt.remote import newest_verified
 
-    bucket = tmp_path / "bucket"  # a file as the bucket itself is refused before the run (issue 42 item 18)
+    bucket = tmp_path / "bucket"  # a file as the bucket itself is refused before the run
     bucket.mkdir()
     (bucket / "run").write_text("a file where the run's folder in the bucket should be: every upload fails")
     # a time limit stops it before its first evaluation (the one at --max-steps)
@@ -182,8 +182,8 @@ def test_a_checkpoint_that_never_reached_a_directory_bucket_exits_3_and_push_fin
 
 
 def test_auto_skips_a_damaged_bucket_step_and_keeps_an_earlier_best(tmp_path, tiny_data):
-    """Issue 21 item 11: an object of the newest bucket step that no longer matches its marker's crc32c makes
-    --resume auto fall back to the previous complete bucket step, as locally. Item 10: a --resume auto that finds
+    """An object of the newest bucket step that no longer matches its marker's crc32c makes
+    --resume auto fall back to the previous complete bucket step, as locally; a --resume auto that finds
     nothing starts fresh without replacing the earlier attempt's best/."""
     bucket = tmp_path / "bucket"
     code, _, run_dir = run(tmp_path / "a", tiny_data, "--max-steps", "4", "--save-every", "2", "--eval-every", "2",

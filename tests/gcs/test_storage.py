@@ -209,7 +209,7 @@ def test_no_credentials_is_a_clear_error_without_network(tmp_path, monkeypatch):
 
 
 def test_the_key_mode_warning_comes_once_not_again_in_the_launched_run(gcs_emulator, tmp_path, caplog, monkeypatch):
-    """Issue 24 item 6: the preflight warns; later opens in that process and the run start_training.sh launches
+    """The preflight warns; later opens in that process and the run start_training.sh launches
     after it (PICONEOX_PREFLIGHT_PASSED) do not repeat it."""
     import utils.storage.gcs as storage_module
 

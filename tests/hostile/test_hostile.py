@@ -1,4 +1,4 @@
-"""Hostile inputs to every loader (issue 33): a checkpoint, model folder, dataset, bucket or Pico file that lies
+"""Hostile inputs to every loader: a checkpoint, model folder, dataset, bucket or Pico file that lies
 cannot reach outside its folder, hang, bloat or end in a traceback.
 
 Every case runs in one driver process (tests/support/hostile.py) under a memory bound (RLIMIT_AS 3 GiB) and a time bound

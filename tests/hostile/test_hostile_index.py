@@ -1,4 +1,4 @@
-"""Issue 41 item 1: nothing is allocated from an index whose chunks do not cover each tensor exactly (an uncovered
+"""Nothing is allocated from an index whose chunks do not cover each tensor exactly (an uncovered
 element was written out as whatever the heap held), and a part that stands in for the model's weights (EMA) must
 have the model's names, shapes and dtypes."""
 import dataclasses

@@ -1,4 +1,4 @@
-"""Trust, round 2 (issue 33, items 1-5 and the loaders' clean refusals): a hostile checkpoint, model folder or
+"""The loaders' clean refusals: a hostile checkpoint, model folder or
 dataset runs no code, never hangs, never takes memory out of proportion to its size, and ends in one line.
 
 Every case runs in a forked child (`bounded`): its address space is capped at its size at the fork plus
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
 
 STEP = "step-00000010"
 EXTRA_MEMORY = 3 << 30
-DEADLINE = 90  # seconds: a refusal takes a few; an unguarded loader hangs for minutes (issue 33)
+DEADLINE = 90  # seconds: a refusal takes a few; an unguarded loader hangs for minutes
 
 
 def bounded(call, deadline: float = DEADLINE, nofile: int | None = None) -> tuple[int | str, str]:
@@ -156,8 +156,8 @@ def test_a_hash_bomb_anywhere_in_a_checkpoint_is_refused_at_once(work, tiny_data
 
 
 def test_an_older_checkpoints_pickled_rng_is_read_bounded(work, tiny_data):
-    """rng-*.pt of checkpoints written before issue 33 still load (through the bounded reader); a bomb there is
-    refused in one line."""
+    """rng-*.pt of checkpoints written before the small states became JSON still load (through the bounded reader);
+    a bomb there is refused in one line."""
     from utils.ckpt.state import rng_from_json
 
     folder = work / "ckpt" / "run" / STEP

@@ -1,4 +1,4 @@
-"""Issue 41 items 2-4: a loader of untrusted bytes ends on the first SIGTERM or Ctrl-C whatever it is doing, even
+"""A loader of untrusted bytes ends on the first SIGTERM or Ctrl-C whatever it is doing, even
 under a training run's handlers (which only ask for a clean stop at the next micro-step). The loader runs in a
 child process under a memory limit of its input's size plus a fixed margin; the signal is sent once the child
 has read the hostile file (its read bytes, /proc/PID/io), and the test waits for its exit with a hang bound."""

@@ -1,4 +1,4 @@
-"""Issue 41 items 2-4: the bounded pickle walk is linear in its bytes, checks its limits as it goes (counting what
+"""The bounded pickle walk is linear in its bytes, checks its limits as it goes (counting what
 is created, reachable or not), bounds what dicts and sets may hold against hash collisions, and reads no more
 than its caps; each case runs in a forked child under a memory limit of its input plus a margin and a hang bound
 (minutes for the old walk; a refusal here takes seconds)."""
@@ -31,7 +31,7 @@ def refused(data: bytes, *words, check="check_pickle"):
 
 
 def test_mark_tuple_pairs_walk_in_one_pass():
-    """Item 2: 1 MiB of EMPTY_TUPLEs then MARK TUPLE pairs: the old walk copied its stack at every MARK (~35 min);
+    """1 MiB of EMPTY_TUPLEs then MARK TUPLE pairs: the old walk copied its stack at every MARK (~35 min);
     one pass is ~1 s, and 786,432 empty tuples are within the limits."""
     data = mark_tuple_pairs()
 
@@ -45,7 +45,7 @@ def test_mark_tuple_pairs_walk_in_one_pass():
 
 
 def test_a_dict_of_colliding_keys_is_refused_before_it_is_built():
-    """Item 3: 74,000 int keys hashing to 0 in a 1 MiB torch record (quadratic inside any unpickler) are refused
+    """74,000 int keys hashing to 0 in a 1 MiB torch record (quadratic inside any unpickler) are refused
     by the walk; a dict of honest keys that size is not (entries squared bound what collisions could cost)."""
     data = colliding_dict(74_000)
     assert len(data) < 1 << 20
@@ -56,7 +56,7 @@ def test_a_dict_of_colliding_keys_is_refused_before_it_is_built():
 
 
 def test_colliding_keys_in_the_index_are_counted_as_they_are_built(tmp_path):
-    """Item 3: an index may hold larger dicts (a 1.2B model on 16 ranks: ~27,000 storage records): past the
+    """An index may hold larger dicts (a 1.2B model on 16 ranks: ~27,000 storage records): past the
     budget of the C unpickler it is read by one that hashes every key before it goes into a dict, and refuses a
     ninth key of one hash (distinct keys share a 64-bit hash only when made to); honest keys pass."""
     from utils.ckpt.safe_load import SafeFileSystemReader, WatchedMetadataUnpickler
@@ -70,7 +70,7 @@ def test_colliding_keys_in_the_index_are_counted_as_they_are_built(tmp_path):
 
 
 def test_objects_left_on_the_stack_are_counted(monkeypatch):
-    """Item 4: what is created counts, reachable from the root or not (10M objects passed a 5M limit)."""
+    """What is created counts, reachable from the root or not (10M objects passed a 5M limit)."""
     from utils.ckpt import bounded, pickle_walk
 
     for module in (bounded, pickle_walk):
@@ -82,11 +82,11 @@ def test_objects_left_on_the_stack_are_counted(monkeypatch):
 
 
 def test_the_walk_takes_memory_for_what_it_counts_not_per_byte():
-    """Item 4: 16 MiB of EMPTY_TUPLEs under a limit of its size + 512 MiB: the old walk held ~128 bytes a byte
+    """16 MiB of EMPTY_TUPLEs under a limit of its size + 512 MiB: the old walk held ~128 bytes a byte
     (MemoryError); this one refuses at the 5,000,001st object."""
     refused(b"\x80\x02" + b")" * (16 << 20) + b".", "hostile", "more than 5,000,000 objects")
 
 
 def test_a_record_data_pkl_is_bounded():
-    """Item 4: a tensor record's data.pkl had no size bound (65 MiB of bytes passed the walk)."""
+    """A tensor record's data.pkl had no size bound (65 MiB of bytes passed the walk)."""
     refused(torch_zip(big_bytes_pickle(65 << 20)), "data.pkl claims", check="check_torch_zip")

@@ -18,7 +18,7 @@ from utils.storage import open_storage
 pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
 
 STEP = "step-00000010"
-# The .pt small states: what checkpoints before issue 33 hold (scaler.pt: fp16 runs only); today's are JSON
+# The .pt small states: what older checkpoints hold (scaler.pt: fp16 runs only); today's are JSON
 PICKLED = (".metadata", "__0_0.distcp", "scheduler.pt", "scaler.pt", "rng-00000.pt")
 
 
@@ -38,7 +38,7 @@ def poison(folder: Path, name: str, flag: Path) -> None:
         with open(path, "ab") as f:
             f.write(payload)
         (folder / DCP_INDEX).write_bytes(pickle.dumps(meta))
-    else:  # small states are JSON since issue 33: an older checkpoint's .pt is still read (bounded)
+    else:  # small states are JSON now: an older checkpoint's .pt is still read (bounded)
         (folder / f"{Path(name).stem}.json").unlink(missing_ok=True)
         state = torch.load(path, weights_only=False) if path.exists() else {"scale": 65536.0}
         path.write_bytes(torch_bytes({**state, "payload": Payload(flag)}))

@@ -1,11 +1,11 @@
-"""Stops that hold on a busy box (issue 42, items 1-5): both cores taken by `yes` from the moment the runs train
+"""Stops that hold on a busy box: both cores taken by `yes` from the moment the runs train
 (their start-up stays fast), each run at nice 10, each stop tried several rounds. Real start_training.sh launches of
 train.py (gloo ranks on CPU); every wait is for an event.
 
 The stops are made all at once (the `stops` fixture, tests/support/loaded.all_at_once): every run starts and trains
 on the free box, then both cores are loaded and each stop is made in its own thread, the other runs being the box's
-other jobs. One window of load for all, where one per stop took the cores from the rest of the suite for minutes
-(issue 38 item 5). Each test checks its own stop.
+other jobs. One window of load for all, where one per stop took the cores from the rest of the suite for minutes.
+Each test checks its own stop.
 """
 import os
 import signal
@@ -144,7 +144,7 @@ def outcome(stops: dict, name: str):
 
 @pytest.mark.parametrize("round_", range(2))
 def test_a_second_ctrl_c_ends_everything_at_once_while_a_save_is_in_flight(stops, round_):
-    """Item 1: the second Ctrl-C came while the flush was writing; the run used to wait for that write (the
+    """The second Ctrl-C came while the flush was writing; the run used to wait for that write (the
     uploader thread, the flush), or for the grace, before it ended. Now: 130, one line, the write is cut short."""
     code, left, work, folder, written_before = outcome(stops, f"second-ctrl-c-{round_}")
     text = output(work)
@@ -156,7 +156,7 @@ def test_a_second_ctrl_c_ends_everything_at_once_while_a_save_is_in_flight(stops
 
 @pytest.mark.parametrize("round_", range(ROUNDS))
 def test_a_ctrl_c_after_the_clean_stop_printed_its_next_lines_is_no_failure(stops, round_):
-    """Item 2: the second Ctrl-C reached the ranks after their outcome was decided (or while the interpreter
+    """The second Ctrl-C reached the ranks after their outcome was decided (or while the interpreter
     exited, where Python's handlers are back to the default): `a training process failed with exit code -2`."""
     code, left, work = outcome(stops, f"after-next-{round_}")
     assert code == 0 and left == [], (code, left, output(work)[-3000:])
@@ -166,7 +166,7 @@ def test_a_ctrl_c_after_the_clean_stop_printed_its_next_lines_is_no_failure(stop
 
 @pytest.mark.parametrize("round_", range(ROUNDS))
 def test_sigterm_to_every_process_of_the_run_at_once_is_a_clean_stop(stops, round_):
-    """Item 3: scancel, systemd or a container runtime signal every process: utils/launch.py printed torch
+    """scancel, systemd or a container runtime signal every process: utils/launch.py printed torch
     elastic's SignalException traceback and exited 1. Now the same step is saved by every rank and it exits 0."""
     code, left, work = outcome(stops, f"sigterm-all-{round_}")
     text = output(work)
@@ -178,7 +178,7 @@ def test_sigterm_to_every_process_of_the_run_at_once_is_a_clean_stop(stops, roun
 
 
 def test_preparing_data_on_a_filesystem_without_locks_warns_once_and_goes_on(stops):
-    """Item 4: utils/data/source.py flocked on its own and died with an ENOLCK traceback; one helper now, one
+    """utils/data/source.py flocked on its own and died with an ENOLCK traceback; one helper now, one
     warning line for the process (the run lock's and the data's)."""
     work, done = outcome(stops, "no-locks")
     assert done.returncode == 0 and done.stdout == "prepared\nprepared\nheld\n", done.stderr

@@ -73,7 +73,7 @@ def test_a_uf2_that_boots_nothing_stops_at_the_boot_deadline(speed_int8, tmp_pat
 
 
 def test_skip_reasons_say_where_to_get_what_is_missing(monkeypatch, tmp_path):
-    """Issue 21 item 15: a bare clone's skips name the download page, not only what is missing."""
+    """A bare clone's skips name the download page, not only what is missing."""
     from rp2040 import wasm
     from tests.support.paths import SHARED_DATA_MISSING
 

@@ -159,7 +159,7 @@ def test_run_cli_generates_on_the_host(tmp_path, capfd):
 
 
 def test_run_says_why_it_stopped_and_escapes_control_characters(tmp_path):
-    """Issue 24 item 6: a generation cut short by the context says so; an ESC in the prompt is shown, not obeyed."""
+    """A generation cut short by the context says so; an ESC in the prompt is shown, not obeyed."""
     from tests.support.rp2040_models import save_checkpoint
 
     export(save_checkpoint("rp2040-speed", tmp_path / "ckpt")[0], tmp_path / "m", "int8")

@@ -1,4 +1,4 @@
-"""rp2040.serve without a terminal (issue 42, item 16): under nohup, a script or a service its stdin is /dev/null;
+"""rp2040.serve without a terminal: under nohup, a script or a service its stdin is /dev/null;
 it announced its port and shut the board down a second later. It serves until a signal now."""
 import os
 import signal

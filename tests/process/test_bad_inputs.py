@@ -34,10 +34,10 @@ def test_python_clis_refuse_bad_values_with_one_line(tmp_path, tiny_data):
     (wrong_crc / "manifest.json").write_text(json.dumps(manifest))
     before = {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*")}
     cases = [
-        # item 5: a manifest crc32c that does not match the shard, before the launch and in the run itself
+        # a manifest crc32c that does not match the shard, before the launch and in the run itself
         ("train", ["--preflight", "--data", str(wrong_crc)], "has crc32c"),
         ("train", ["--data", str(wrong_crc), "--max-steps", "1"], "has crc32c"),
-        # item 6: output folders that cannot be written (under a file; a place nobody may write, even root)
+        # output folders that cannot be written (under a file; a place nobody may write, even root)
         ("prepare_data", ["--out-dir", str(a_file / "sub")], "is a file, not a folder"),
         ("prepare_data", ["--out-dir", "/proc/piconeox"], "cannot write in /proc"),
         ("train", ["--preflight", "--output-dir", str(a_file / "ckpt")], "is a file, not a folder"),
@@ -58,7 +58,7 @@ def test_python_clis_refuse_bad_values_with_one_line(tmp_path, tiny_data):
          "train.tokenizer_vocab=5: only for tokenizer bpe"),
         ("train", ["--preflight", "--config", "small", "--set", "train.tokenizer_vocab=5"],
          "must be an integer >= 257"),
-        # item 10: settings
+        # settings
         ("train", ["--preflight", "--config-file", png], "is not a text (UTF-8 YAML) file"),
         ("train", ["--preflight", "--config-file", str(tmp_path)], "is not a file"),
         ("train", ["--preflight", "--config-file", str(tmp_path / "sections.yaml")], "each a mapping"),
@@ -69,7 +69,7 @@ def test_python_clis_refuse_bad_values_with_one_line(tmp_path, tiny_data):
         ("train", ["--preflight", "--set", "train.weight_decay=-1"], "train.weight_decay=-1.0"),
         ("train", ["--preflight", "--set", "model.layer_norm_eps=0"], "model.layer_norm_eps=0.0"),
         ("train", ["--preflight", "--eval-batches", "0"], "train.eval_batches=0: must be a positive integer"),
-        # item 8: sampling settings are checked before the checkpoint is even opened
+        # sampling settings are checked before the checkpoint is even opened
         ("utils.generate", ["missing", "--temperature", "nan"], "--temperature nan: must be a number >= 0"),
         ("utils.generate", ["missing", "--temperature", "-1"], "--temperature -1.0: must be a number >= 0"),
         ("utils.generate", ["missing", "--top-k", "-5"], "--top-k -5: must be an integer >= 0"),
@@ -160,7 +160,7 @@ def test_each_class_of_mistake_is_one_line_in_every_cli(tmp_path, tmp_path_facto
           for cli in ("rp2040.run", "rp2040.emulate", "rp2040.flash", "utils.evaluate")],
         *[(cli, [str(model), "--out", str(tmp_path / "new"), "--bogus"], "unrecognized arguments: --bogus")
           for cli in ("rp2040.export", "utils.consolidate")],
-        # issue 24, 6: the prompt limit on the host (both CLIs agree), per-flag messages, files named,
+        # the prompt limit on the host (both CLIs agree), per-flag messages, files named,
         # folders told apart
         *[(cli, [str(model), "--prompt", long_prompt], "prompt too long for the Pico's RAM: 20,000 characters, at most")
           for cli in ("rp2040.run", "rp2040.emulate")],
@@ -182,7 +182,7 @@ def test_each_class_of_mistake_is_one_line_in_every_cli(tmp_path, tmp_path_facto
     for (module, argv, message), (code, err) in zip(cases, results):
         try:
             assert_one_error_line(code, err, message, f"{module} {' '.join(argv)[:200]}")
-            if "--bogus" in argv:  # item 14: the one line only, not argparse's usage block above it
+            if "--bogus" in argv:  # the one line only, not argparse's usage block above it
                 assert len(err.strip().splitlines()) == 1, f"{module} --bogus:\n{err}"
         except AssertionError as e:
             failed.append(str(e))
@@ -204,7 +204,7 @@ def test_eval_batches_flag_reaches_the_config(eval_batches):
 
 def test_a_run_folder_is_never_overwritten_and_the_end_says_what_next(tmp_path, tiny_data, char_data, capsys,
                                                                      fresh_accelerate_state):
-    """Items 1, 11 and 8 on one tiny run (char tokenizer): refusal instead of a silent overwrite of best/, the eval
+    """On one tiny run (char tokenizer): refusal instead of a silent overwrite of best/, the eval
     line's interval throughput, the venv's tensorboard and the next commands; utils.generate refuses data of
     another tokenizer and prompt characters the char tokenizer would drop."""
     import re
@@ -376,14 +376,14 @@ def finished_run(tmp_path_factory, tiny_data):
 
 
 def assert_nothing_left(ckpt, logs, before, context):
-    """The earlier run's files byte for byte as before, and no folder of the refused name (issue 24 item 1)."""
+    """The earlier run's files byte for byte as before, and no folder of the refused name."""
     assert files_below(ckpt, logs) == before, f"{context}: files changed"
     assert [p.name for p in ckpt.iterdir()] == ["r"] and [p.name for p in logs.iterdir()] == ["r"], context
 
 
 def test_refusals_after_the_checks_exit_2_and_take_back_what_they_created(tmp_path, tiny_data, char_data,
                                                                          finished_run, capsys, monkeypatch):
-    """Issue 24 items 1-2: the 11 refusals that used to exit 1 (and leave checkpoints/<run>/ and a training.log
+    """The 11 refusals that used to exit 1 (and leave checkpoints/<run>/ and a training.log
     that then blocked the corrected command). Here in-process; the launcher passes each on as exit 2 (next test)."""
     from accelerate.state import AcceleratorState, GradientState
 
@@ -434,7 +434,7 @@ def test_refusals_after_the_checks_exit_2_and_take_back_what_they_created(tmp_pa
 
 @pytest.mark.parametrize("procs", [1, 2])
 def test_the_launcher_exits_2_with_the_workers_one_line(tmp_path, tiny_data, finished_run, procs):
-    """Issue 21 item 6 / 24 item 2: a refusal found only after `accelerate launch`, on 1 and on 2 processes: exit 2,
+    """A refusal found only after `accelerate launch`, on 1 and on 2 processes: exit 2,
     the worker's one `error:` line once, no accelerate/torchrun traceback; and a global batch that does not divide
     over --procs is caught before the launch."""
     ckpt, logs, common = finished_run
@@ -457,7 +457,7 @@ def test_the_launcher_exits_2_with_the_workers_one_line(tmp_path, tiny_data, fin
 
 
 def test_an_earlier_run_is_a_run_record_and_a_refusal_takes_back_only_its_own_files(tmp_path):
-    """Issue 24 item 1: a leftover training.log or a note is no run; a record is named; release() removes what this
+    """A leftover training.log or a note is no run; a record is named; release() removes what this
     attempt added and its lines in an earlier log, never an earlier file."""
     from utils.errors import PiconeoxError
     from utils.run.run_folders import RunClaim, check_new_run, run_records

@@ -101,7 +101,7 @@ def test_bad_input_is_one_line(tmp_path, run_dir, capsys):
 
 
 def test_no_lm_eval_warnings_about_the_model_we_hand_it(tmp_path, run_dir, caplog):
-    """Issue 24 item 6: lm-eval's two warnings about a built model are ours on purpose, so not shown."""
+    """lm-eval's two warnings about a built model are ours on purpose, so not shown."""
     import logging
 
     text = tmp_path / "t.txt"

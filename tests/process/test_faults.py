@@ -1,4 +1,4 @@
-"""Faults a run meets and careless use (issue 35): a full disk, Ctrl-C, odd lock files, printed commands.
+"""Faults a run meets and careless use: a full disk, Ctrl-C, odd lock files, printed commands.
 
 The full-disk tests mount a small tmpfs (root only; they skip with the reason elsewhere).
 """
@@ -43,7 +43,7 @@ def one_error_line(proc) -> str:
 
 def test_a_full_checkpoint_disk_ends_the_run_with_one_line_and_keeps_the_last_checkpoint(tmp_path, tiny_data,
                                                                                         small_disk):
-    """Item 1: room for one checkpoint of the test preset (10.7 MB), not two: the second save fails, the run stops
+    """Room for one checkpoint of the test preset (10.7 MB), not two: the second save fails, the run stops
     at once (it used to hang: DCP's error is a BaseException that killed the saver thread)."""
     ckpt = small_disk("14m")
     proc = subprocess.run([sys.executable, "train.py", "--data", str(tiny_data), "--max-steps", "8",
@@ -63,7 +63,7 @@ def test_a_full_checkpoint_disk_ends_the_run_with_one_line_and_keeps_the_last_ch
 
 
 def test_a_full_disk_under_logs_plot_and_prepared_data_is_one_line(tmp_path, small_disk):
-    """Item 1: the loss plot, training.log and prepare_data.py on a full disk: one line naming the folder."""
+    """The loss plot, training.log and prepare_data.py on a full disk: one line naming the folder."""
     disk = small_disk("64k")
     (disk / "filler").write_bytes(b"x" * (64 * 1024 - 4096))
     code = f"""
@@ -94,7 +94,7 @@ for what, write in [("plot", lambda: MetricsWriter({str(disk)!r}, True, ()).plot
 
 
 def test_an_interrupt_under_the_launcher_is_130_and_one_line(tmp_path):
-    """Item 2: a worker's second Ctrl-C (KeyboardInterrupt inside `cli`) reaches utils/launch.py as 130 and one
+    """A worker's second Ctrl-C (KeyboardInterrupt inside `cli`) reaches utils/launch.py as 130 and one
     line; the launcher said "a training process failed with exit code 1" before."""
     worker = tmp_path / "worker.py"
     worker.write_text("import sys\nfrom utils.errors import cli\n\n@cli\ndef main(argv=None):\n"
@@ -106,7 +106,7 @@ def test_an_interrupt_under_the_launcher_is_130_and_one_line(tmp_path):
 
 
 def test_ctrl_c_stops_the_benchmark_script_instead_of_running_the_next_command(tmp_path):
-    """Item 2: train.py stops cleanly on Ctrl-C and exits 0, so shakespeare_char.sh went on to score and to the next
+    """train.py stops cleanly on Ctrl-C and exits 0, so shakespeare_char.sh went on to score and to the next
     preset (or failed there, exit 1); now it exits 130 once the run has stopped."""
     text = tmp_path / "small.txt"
     text.write_text("ROMEO: a short play.\nJULIET: and its reply, again and again.\n" * 3000)
@@ -123,12 +123,12 @@ def test_ctrl_c_stops_the_benchmark_script_instead_of_running_the_next_command(t
     rest = proc.stdout.read()
     assert proc.wait(timeout=120) == 130, "".join(seen) + rest
     assert "SIGINT received" in rest and "piconeox shakespeare-char:" not in rest, rest  # no scoring after it
-    assert "continue this run: the same command plus --resume auto" in rest, rest  # item 9: the next: block
+    assert "continue this run: the same command plus --resume auto" in rest, rest  # the next: block
     assert rest.strip().endswith("error: interrupted") and "Traceback" not in rest, rest
 
 
 def test_damage_and_one_line_refusals(tmp_path, tiny_data):
-    """Items 3, 4, 5, 7, 8, 10 and 11 in one interpreter (tests/support/cli.py): each refused in one
+    """Damaged inputs and careless flags in one interpreter (tests/support/cli.py): each refused in one
     line with exit 2, and nothing written or replaced."""
     from tests.support.cli import assert_one_error_line, binary_file, run_cli_cases
     from tests.support.rp2040_models import save_checkpoint
@@ -217,7 +217,7 @@ def test_damage_and_one_line_refusals(tmp_path, tiny_data):
 
 
 def test_the_printed_next_commands_run_from_another_folder_with_spaces_and_non_ascii(tmp_path):
-    """Item 9: the "next:" commands, as printed, run from another working directory with a run path holding a
+    """The "next:" commands, as printed, run from another working directory with a run path holding a
     space and non-ASCII letters (they were unquoted, and `-m utils.generate` needs the repository as its folder)."""
     from tests.support.rp2040_models import save_checkpoint
     from utils.report.summary import next_commands
@@ -234,7 +234,7 @@ def test_the_printed_next_commands_run_from_another_folder_with_spaces_and_non_a
 
 
 def test_fresh_starts_in_one_second_keep_every_earlier_best(tmp_path, monkeypatch):
-    """Item 6: `--resume auto` with no complete checkpoint moves best/ aside; a second fresh start within the same
+    """`--resume auto` with no complete checkpoint moves best/ aside; a second fresh start within the same
     second moved its best/ onto the first one's name (a rename onto it failed, or replaced an empty one)."""
     import logging
     import time as clock

@@ -1,4 +1,4 @@
-"""The GPU path's CPU-checkable contracts (issue 19): what a lent GPU box without network needs to import, and
+"""The GPU path's CPU-checkable contracts: what a lent GPU box without network needs to import, and
 what the launcher sets up for multi-node gloo groups."""
 import subprocess
 import sys
@@ -39,8 +39,8 @@ sys.exit(code)
 
 def test_the_launchers_preflight_imports_no_torch(tmp_path, tiny_data):
     """start_training.sh runs `train.py --preflight` once per machine before every launch: its checks (folders, data,
-    the run lock) need no torch, whose import costs seconds and ~200 MB there (issue 38 item 5: every launch of the
-    suite paid it)."""
+    the run lock) need no torch, whose import costs seconds and ~200 MB there (every launch
+    in the suite paid it)."""
     script = f"""
 import sys
 import train

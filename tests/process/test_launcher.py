@@ -310,7 +310,7 @@ def test_signal_reaches_the_training_processes_and_the_launcher_waits_for_their_
     # the launcher returned only after each trainer's 1 s "save", with exit code 0 and no traceback
     assert [(sandbox / "out" / f"signal-{rank}").read_text() for rank in range(procs)] == [str(int(sig))] * procs
     assert proc.returncode == 0 and "Traceback" not in err, err
-    # no orphan left behind (accelerate #929): an orphan sleeps on for 600 s, far past this hang bound
+    # no orphan left behind (huggingface/accelerate#929): an orphan sleeps on for 600 s, far past this hang bound
     wait_for("every train.py to end", lambda: not any(running(int(f.read_text())) for f in pid_files), timeout=120)
 
 

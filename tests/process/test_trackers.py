@@ -91,7 +91,7 @@ def test_every_tracker_gets_every_scalar_the_config_and_the_sample(tmp_path, tin
 
 
 def test_tensorboard_compares_runs_by_val_loss_in_one_run_per_run(tmp_path, tiny_data):
-    """Issue 24 item 5 / issue 21 item 9, read with TensorBoard's own multiplexer and hparams plugin data."""
+    """Runs compared by val loss, read with TensorBoard's own multiplexer and hparams plugin data."""
     from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
     from tensorboard.plugins.hparams import metadata
     from tensorboard.util import tensor_util
@@ -159,7 +159,7 @@ def test_wandb_without_login_is_one_line(tmp_path, tiny_data, capsys, monkeypatc
 
 
 def test_wandb_without_login_is_caught_by_the_preflight(tmp_path, tiny_data, capsys, monkeypatch):
-    """Issue 21 item 13: before the launch (no model built), the same line the run itself would give."""
+    """Before the launch (no model built), the same line the run itself would give."""
     import wandb
 
     import train
@@ -182,7 +182,7 @@ def test_wandb_without_login_is_caught_by_the_preflight(tmp_path, tiny_data, cap
 
 
 def test_a_resumed_wandb_run_says_what_happens_to_the_steps_past_its_checkpoint(tmp_path, caplog):
-    """Issue 21 item 12: W&B keeps only increasing steps; the log says which values a resume cannot replace."""
+    """W&B keeps only increasing steps; the log says which values a resume cannot replace."""
     import wandb
 
     from utils.report.metrics import MetricsWriter

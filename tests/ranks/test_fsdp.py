@@ -21,7 +21,7 @@ PARITY = ["--mixed-precision", "no", "--grad-accum", "4", "--max-steps", "30",
 def test_fsdp2_stays_fsdp2_gathers_once_per_step_and_keeps_fp32_under_bf16():
     """After prepare() accelerate still runs FSDP2 (it fell back to MULTI_CPU when the prepared optimizer re-read
     its state): a step of 4 micro-steps all-gathers and reduce-scatters each FSDP unit once, as a step of one does
-    (no sync in the first 3, parameters kept gathered across them). Issue 42 item 10, in FSDP2's own state under
+    (no sync in the first 3, parameters kept gathered across them). In FSDP2's own state under
     bf16: computes in bf16 (bf16 all-gathers) while master weights, gradients, their reduction and AdamW's states
     stay fp32 (accelerate alone would reduce in bf16: utils/run/accelerator.py's fsdp_plugin)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", FSDP_CONFIG, "--num_processes", "2",
@@ -84,7 +84,7 @@ def test_fsdp2_run_ends_cleanly_with_its_sample(parity):
 
 
 def test_fsdp2_compiled_whole_after_prepare_stays_fsdp2_and_saves_plain_keys(parity):
-    """Issue 42 item 10: torch.compile of the whole model after prepare() keeps FSDP2 (each decoder layer's
+    """torch.compile of the whole model after prepare() keeps FSDP2 (each decoder layer's
     fully_shard state read through the compiled wrapper, and the shard group the timeouts line reads from it), trains
     to DDP's losses (test_fsdp2_gives_ddps_losses_with_accumulation) and saves keys without `_orig_mod.`."""
     from safetensors import safe_open
@@ -122,7 +122,7 @@ def test_a_checkpoint_moves_from_ddp_to_fsdp2_and_back(parity, tiny_data, tmp_pa
 
 
 def test_one_ranks_refused_file_is_every_ranks_one_line(parity, tiny_data, tmp_path):
-    """Issue 41 item 8: an FSDP2 resume where one rank's own file is refused ends on every rank with that rank's one
+    """An FSDP2 resume where one rank's own file is refused ends on every rank with that rank's one
     line; no rank waits in the sharded load for a rank that has gone (main: rank 0's gloo traceback came first).
     The FSDP2 run's step 15, copied, with rank 1's RNG file (only rank 1 reads it) made wrong and re-marked."""
     folder = tmp_path / "copy" / step_dir_name(15)

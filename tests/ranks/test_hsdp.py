@@ -28,7 +28,7 @@ def hsdp(tmp_path_factory, tiny_data):
 
 
 def test_hsdp_gives_ddps_loss_at_every_step(hsdp, tiny_data, tmp_path):
-    """Issue 42 item 10: each machine shards the model in 2, the machines are replicas; the same loss as 2 DDP ranks
+    """Each machine shards the model in 2, the machines are replicas; the same loss as 2 DDP ranks
     at every logged step, not only at step 1 (before any update)."""
     ddp, _ = launch(tmp_path, tiny_data, 2, 1, "--grad-accum", "4", *HSDP)
     straight = losses_of(hsdp / "machine0")
@@ -41,7 +41,7 @@ def test_hsdp_gives_ddps_loss_at_every_step(hsdp, tiny_data, tmp_path):
 
 
 def test_the_shard_and_replicate_groups_of_hsdp_get_the_step_timeout(hsdp):
-    """Issue 42 item 6: FSDP2's shard and replicate groups, made by DeviceMesh with the backend's default timeout,
+    """FSDP2's shard and replicate groups, made by DeviceMesh with the backend's default timeout,
     get --step-timeout-minutes after the first step like every other group of the run; the timeouts line reads each
     group's timeout back from its backend (the groups found in each layer's FSDP state,
     `_fsdp_param_group.mesh_info`): 3 min, not gloo's default 30 (the savers keep --collective-timeout-minutes)."""

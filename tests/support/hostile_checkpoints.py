@@ -113,7 +113,7 @@ def tool(name: str, folder: Path, work: Path, base: Base) -> tuple[str, list[str
 
 
 # --- the cases -------------------------------------------------------------------------------------------------
-# Marker names (issue 33 item 8): every loader stats and hashes what COMPLETE lists; each name below is listed
+# Marker names: every loader stats and hashes what COMPLETE lists; each name below is listed
 # with the size and crc32c of the secret outside, so a loader that follows it finds what it expects.
 MARKER_NAMES = {  # id: (name given the folder and the secret, loader, expected)
     "dotdot": (lambda f, s: relative(f, s), "consolidate", "'..' segment"),
@@ -151,7 +151,7 @@ def fifo(path: Path) -> None:
     os.mkfifo(path)
 
 
-# .metadata storage paths (item 6): the model's first weight read from elsewhere.
+# .metadata storage paths: the model's first weight read from elsewhere.
 METADATA = {  # id: (changes given folder and outside, loader, expected)
     "outside": (lambda f, o: {"relative_path": relative(f, shard_copy(f, o))}, "consolidate", "refused to load"),
     "absolute": (lambda f, o: {"relative_path": str(shard_copy(f, o))}, "generate", "refused to load"),
@@ -181,7 +181,7 @@ def metadata(changes_of, loader):
     return build
 
 
-# Links in checkpoint folders (item 7): each file moved outside with a link left in its place.
+# Links in checkpoint folders: each file moved outside with a link left in its place.
 LINKS = {  # id: (file, loader, folder kind)
     "shard-resume": (SHARD, "resume", "step"),
     "tokenizer-generate": ("tokenizer.json", "generate", "step"),
@@ -223,7 +223,7 @@ def _(work, outside, base):  # an unlisted file linked to a secret: was copied i
 
 
 @case("consolidate-beside-input", "", code=0, leftovers=("out-hf",))
-def _(work, outside, base):  # issue 33 item 9: it wrote (and first deleted) .<name>.weights.tmp beside its input
+def _(work, outside, base):  # a loader once wrote (and first deleted) .<name>.weights.tmp beside its input
     folder = copy_step(work, base)
     (folder.with_name(f".{STEP}.weights.tmp")).mkdir()
     (folder.with_name(f".{STEP}.weights.tmp") / "keep.txt").write_text("the user's own folder")

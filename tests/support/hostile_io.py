@@ -135,7 +135,7 @@ def _(work, outside, base):
 
 
 @case("push-notes-link", "no complete step-XXXXXXXX checkpoint to upload")
-def _(work, outside, base):  # issue 33 item 7: an unlisted link to a secret was uploaded
+def _(work, outside, base):  # an unlisted link to a secret was once uploaded
     (copy_step(work, base) / "notes.json").symlink_to(secret(outside))
     return push(work)
 

@@ -1,5 +1,5 @@
-"""Hostile pickles for the bounded walk (issue 41 items 2-4) and a forked child to run a loader under a memory
-limit and a hang bound."""
+"""Hostile pickles for the bounded walk (deep stacks, hash collisions, object counts) and a forked child to run a
+loader under a memory limit and a hang bound."""
 from __future__ import annotations
 
 import io

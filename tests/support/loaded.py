@@ -1,4 +1,4 @@
-"""A busy box for the stop tests: both cores taken by `yes` while a run started at nice 10 is signalled (issue 42),
+"""A busy box for the stop tests: both cores taken by `yes` while a run started at nice 10 is signalled,
 the start_training.sh runs those tests signal, and `all_at_once`, which makes every stop in one window of load."""
 from __future__ import annotations
 

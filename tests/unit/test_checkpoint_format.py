@@ -147,7 +147,7 @@ def test_staging_buffers_are_kept_for_the_run_and_never_overwrite_a_snapshot_sti
 
 
 def test_saves_lagging_behind_hold_one_staging_set_and_a_second_while_a_write_lags(monkeypatch, tmp_path, tiny_data):
-    """Issue 42 item 7: a save waits for the saver's slot BEFORE it captures (copies into staging buffers), so while
+    """A save waits for the saver's slot BEFORE it captures (copies into staging buffers), so while
     writes lag there is the set being written and the one queued, never a third (at 1.2B on 8 GPUs a set is 2.1 GB
     of pinned memory per rank). Counted in the saver's own staging buffers, with a writer that waits for `go`."""
     import logging

@@ -1,4 +1,4 @@
-"""configs/plan.py under HSDP (issue 42, item 8): FSDP2 shards over one machine's GPUs, not over all of them."""
+"""configs/plan.py under HSDP: FSDP2 shards over one machine's GPUs, not over all of them."""
 import pytest
 
 from configs.plan import format_plan, needs_activation_checkpointing, plan

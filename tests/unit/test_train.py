@@ -223,7 +223,7 @@ def test_production_turns_activation_checkpointing_on_for_small_gpus():
 
     cfg = resolve_config("production")
     assert cfg.train.activation_checkpointing == "auto"
-    p = plan(cfg, gpus=8)  # DDP ~44.5 GiB, FSDP ~28.7 GiB per GPU without checkpointing (issue 19's fuller count)
+    p = plan(cfg, gpus=8)  # DDP ~44.5 GiB, FSDP ~28.7 GiB per GPU without checkpointing (the fuller count)
     assert needs_activation_checkpointing(p, sharded=False, device_bytes=40 * GIB)
     assert not needs_activation_checkpointing(p, sharded=False, device_bytes=80 * GIB)
     assert needs_activation_checkpointing(p, sharded=True, device_bytes=16 * GIB)

@@ -44,7 +44,7 @@ def step_dir_name(step: int) -> str:
 
 
 def rng_name(rank: int, suffix: str = "json") -> str:
-    """Rank `rank`'s RNG file: JSON since issue 33; `suffix="pt"` names an older checkpoint's pickle."""
+    """Rank `rank`'s RNG file: JSON now; `suffix="pt"` names an older checkpoint's pickle."""
     return f"rng-{rank:05d}.{suffix}"
 
 def manifest(folder: Path, names) -> dict[str, dict]:
