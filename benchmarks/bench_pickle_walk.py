@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.hostile_pickles import (colliding_dict, long_walk, mark_tuple_pairs,  # noqa: E402
                                            objects_left_on_the_stack)
-from utils.ckpt.pickle_walk import TooCostly, pickle_cost  # noqa: E402
+from utils.ckpt.untrusted.pickle_walk import TooCostly, pickle_cost  # noqa: E402
 
 SHAPES = {"EMPTY_TUPLE then MARK TUPLE pairs": mark_tuple_pairs,
           "MARK POP_MARK pairs": lambda size: long_walk(size // 2),

@@ -56,7 +56,7 @@ class RunSettings(ConfigBase):
 
     def validate(self, keep_last: int) -> RunSettings:
         """Every check that needs no file or bucket, each one line naming the flag; `keep_last` is train.keep_last."""
-        from utils.ckpt.remote import check_upload_settings
+        from utils.ckpt.bucket.remote import check_upload_settings
         from utils.distributed import check_timeout
         from utils.run.preemption import check_grace_seconds
         from utils.storage import is_remote, parse_gs_url

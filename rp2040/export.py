@@ -63,7 +63,7 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
         raise PiconeoxError(f"{src} has no tokenizer.json: the device needs it to encode and decode text")
     from transformers.utils import logging as hf_logging
 
-    from utils.ckpt.hf_folder import tokenizer_problem
+    from utils.ckpt.hf.hf_folder import tokenizer_problem
     from utils.ckpt.load import load_model  # heavy: only once the arguments are known good
 
     hf_logging.disable_progress_bar()  # a 1-second load needs no bar; stderr stays one line on error

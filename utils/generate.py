@@ -21,7 +21,7 @@ from utils.textfile import printable
 def load_checkpoint_model(folder: str):
     """Model and tokenizer of a checkpoint folder (best/, final/, step-XXXXXXXX/, or a run directory: its best/,
     else final/); files are checked against the marker's crc32c first."""
-    from utils.ckpt.hf_folder import load_tokenizer
+    from utils.ckpt.hf.hf_folder import load_tokenizer
 
     path = find_checkpoint(folder)
     model = load_model(path)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from utils.textfile import SMALL_JSON_BYTES, read_json
 from utils.ckpt.format import DCP_INDEX
-from utils.ckpt.hf_folder import check_weights, gpt_neox_config, load_tokenizer, tokenizer_problem, weight_shapes
+from utils.ckpt.hf.hf_folder import check_weights, gpt_neox_config, load_tokenizer, tokenizer_problem, weight_shapes
 from utils.ckpt.load import load_model
 from utils.data.tokenizers import TOKENIZER_FILE, file_sha256
 from utils.errors import PiconeoxError, first_line

@@ -19,7 +19,7 @@ if __package__ in (None, ""):  # run as a file (the printed command works from a
 from utils.ckpt.format import MARKER, latest_complete, read_marker
 from utils import errors
 from utils.errors import CliParser, PiconeoxError
-from utils.ckpt.remote import newest_verified, remote_steps
+from utils.ckpt.bucket.remote import newest_verified, remote_steps
 from utils.storage import StorageError, open_storage
 from utils.storage.sync import upload_tree
 

@@ -6,7 +6,7 @@ import pytest
 
 from tests.support.training import run
 from utils.ckpt.format import MARKER, manifest, step_dir_name, step_folders, write_marker
-from utils.ckpt.remote import remote_steps
+from utils.ckpt.bucket.remote import remote_steps
 from utils.storage import open_storage
 
 pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
@@ -22,7 +22,7 @@ def step_folder(run_dir, step: int, complete: bool):
 
 
 def test_only_partials_older_than_the_newest_complete_step_go(tmp_path):
-    from utils.ckpt.partials import remove_local
+    from utils.ckpt.bucket.partials import remove_local
 
     for step, complete in ((10, True), (15, False), (20, True), (25, False)):
         step_folder(tmp_path, step, complete)
@@ -32,7 +32,7 @@ def test_only_partials_older_than_the_newest_complete_step_go(tmp_path):
 
 def test_a_machine_holding_only_shards_follows_rank_0(tmp_path):
     """Its folders never have a marker (rank 0 writes them on its own disk): rank 0's complete steps decide."""
-    from utils.ckpt.partials import remove_local
+    from utils.ckpt.bucket.partials import remove_local
 
     for step in (10, 15, 20, 25):
         step_folder(tmp_path, step, complete=False)

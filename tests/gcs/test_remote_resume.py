@@ -13,7 +13,7 @@ import pytest
 from tests.support.paths import REPO
 from tests.support.training import TINY, run
 from utils.ckpt.format import check_complete, latest_complete, step_dir_name
-from utils.ckpt.remote import latest_complete_step, remote_steps
+from utils.ckpt.bucket.remote import latest_complete_step, remote_steps
 from utils.ckpt.resume import candidates, fetch
 from utils.errors import PiconeoxError
 from utils.storage import open_storage
@@ -146,7 +146,7 @@ def test_bucket_down_at_start_resumes_locally_and_training_goes_on(tmp_path, tin
 def test_a_checkpoint_that_never_reached_a_directory_bucket_exits_3_and_push_finishes_it(tmp_path, tiny_data, capsys):
     """A directory as --checkpoint-bucket; no best/ suggested when none exists."""
     from utils import push_checkpoint
-    from utils.ckpt.remote import newest_verified
+    from utils.ckpt.bucket.remote import newest_verified
 
     bucket = tmp_path / "bucket"  # a file as the bucket itself is refused before the run
     bucket.mkdir()

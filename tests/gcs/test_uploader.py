@@ -17,7 +17,7 @@ from tests.support.training import run
 from utils.ckpt.format import MARKER, check_complete, read_marker, step_dir_name, step_folders
 from utils.ckpt.load import load_model, read_part
 from utils.ckpt.parts import Registry, TrainerState, training_parts
-from utils.ckpt.remote import download_checkpoint, latest_complete_step, remote_steps
+from utils.ckpt.bucket.remote import download_checkpoint, latest_complete_step, remote_steps
 from utils.ckpt.state import Snapshot
 from utils.ckpt.uploader import CheckpointUploader, SaveRequest
 from utils.data.loader import BlockLoader

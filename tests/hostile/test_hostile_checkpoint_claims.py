@@ -71,7 +71,7 @@ def test_a_marker_whose_step_is_not_a_number_is_unreadable(tmp_path, trained):
 
 def test_weights_the_index_names_but_the_folder_lacks_are_refused(tmp_path, trained):
     """main: the config-vs-weights check skipped, and a 4-layer config over 1 layer loaded 3 random layers."""
-    from utils.ckpt.hf_folder import checked_config
+    from utils.ckpt.hf.hf_folder import checked_config
 
     folder = Path(shutil.copytree(trained / "ckpt" / "run" / "best", tmp_path / "best"))
     (folder / "model.safetensors.index.json").write_text(json.dumps(

@@ -55,7 +55,7 @@ def test_one_long_line_is_encoded_in_bounded_memory(tmp_path):
 
 def test_the_tokenizers_count_is_compared_before_it_is_built(tmp_path, tiny_data):
     """main: built it first (here it cannot be built: a merge of unknown tokens), so the count was never compared."""
-    from utils.ckpt.hf_folder import tokenizer_problem
+    from utils.ckpt.hf.hf_folder import tokenizer_problem
 
     spec = json.loads((tiny_data / "tokenizer.json").read_text())
     spec["model"]["vocab"].update({f"<x{i}>": 256 + i for i in range(44)})

@@ -125,7 +125,7 @@ def test_index_numbers_are_checked_and_shown_in_one_line(tmp_path, size, chunks,
 
 
 def test_uneven_shards_and_other_slabs_tile(tmp_path):
-    from utils.ckpt.index_check import index_problem
+    from utils.ckpt.untrusted.index_check import index_problem
 
     for size, chunks in (([3, 4], [([0, 0], [1, 4]), ([1, 0], [2, 4]), ([3, 0], [0, 4])]),  # an empty last shard
                          ([4, 4], [([0, 2], [4, 2]), ([0, 0], [4, 2])]), ([], [([], [])]), ([0, 3], [])):

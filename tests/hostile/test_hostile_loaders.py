@@ -135,7 +135,7 @@ def test_the_hash_bomb_is_real():
 
 
 def test_small_states_are_json_and_our_own_pickles_pass_the_bounds(work):
-    from utils.ckpt.bounded import check_pickle, check_torch_zip
+    from utils.ckpt.untrusted.bounded import check_pickle, check_torch_zip
 
     folder = work / "ckpt" / "run" / STEP
     assert {p.name for p in folder.glob("*.pt")} == set() and (folder / "scheduler.json").is_file()

@@ -21,7 +21,7 @@ import resource, signal, sys
 from pathlib import Path
 from utils.errors import PiconeoxError
 size, path, loader, handler = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
-from utils.ckpt.safe_load import SafeFileSystemReader, load_small_state
+from utils.ckpt.untrusted.safe_load import SafeFileSystemReader, load_small_state
 from utils.run.preemption import StopRequest
 vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize")) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + size + (512 << 20),) * 2)  # the load's memory: its input + a margin

@@ -18,7 +18,7 @@ HANG = 120  # seconds: only a hang reaches it
 def refused(data: bytes, *words, check="check_pickle"):
     """check_pickle (or check_torch_zip) of `data` in a bounded child: exit 2 and one line holding `words`."""
     def call():
-        from utils.ckpt import bounded
+        from utils.ckpt.untrusted import bounded
 
         try:
             getattr(bounded, check)(io.BytesIO(data) if check == "check_torch_zip" else data, "hostile")
@@ -36,7 +36,7 @@ def test_mark_tuple_pairs_walk_in_one_pass():
     data = mark_tuple_pairs()
 
     def call():
-        from utils.ckpt.bounded import check_pickle, pickle_cost
+        from utils.ckpt.untrusted.bounded import check_pickle, pickle_cost
 
         check_pickle(data, "pairs")
         return 0 if pickle_cost(data).objects == (1 << 19) + (1 << 18) + 1 else 3
@@ -50,7 +50,7 @@ def test_a_dict_of_colliding_keys_is_refused_before_it_is_built():
     data = colliding_dict(74_000)
     assert len(data) < 1 << 20
     refused(torch_zip(data), "hostile", "too many entries", check="check_torch_zip")
-    from utils.ckpt.bounded import check_pickle
+    from utils.ckpt.untrusted.bounded import check_pickle
 
     check_pickle(pickle.dumps({i: None for i in range(16_000)}, protocol=2), "honest")
 
@@ -59,7 +59,7 @@ def test_colliding_keys_in_the_index_are_counted_as_they_are_built(tmp_path):
     """An index may hold larger dicts (a 1.2B model on 16 ranks: ~27,000 storage records): past the
     budget of the C unpickler it is read by one that hashes every key before it goes into a dict, and refuses a
     ninth key of one hash (distinct keys share a 64-bit hash only when made to); honest keys pass."""
-    from utils.ckpt.safe_load import SafeFileSystemReader, WatchedMetadataUnpickler
+    from utils.ckpt.untrusted.safe_load import SafeFileSystemReader, WatchedMetadataUnpickler
 
     (tmp_path / ".metadata").write_bytes(colliding_dict(20_000))
     refused_in = SafeFileSystemReader(str(tmp_path))
@@ -71,7 +71,7 @@ def test_colliding_keys_in_the_index_are_counted_as_they_are_built(tmp_path):
 
 def test_objects_left_on_the_stack_are_counted(monkeypatch):
     """What is created counts, reachable from the root or not (10M objects passed a 5M limit)."""
-    from utils.ckpt import bounded, pickle_walk
+    from utils.ckpt.untrusted import bounded, pickle_walk
 
     for module in (bounded, pickle_walk):
         monkeypatch.setattr(module, "MAX_PICKLE_NODES", 1000, raising=False)

@@ -153,7 +153,7 @@ def test_a_resume_walks_the_index_once_and_never_trusts_other_bytes(work, tiny_d
     """check_pickle walks a pickle (1-3 s for a 1.2B model's index) once per process: a resume reads `.metadata`
     several times (which parts, which weights, the load); bytes that passed are let through by their digest, bytes
     that were refused are walked (and refused) every time."""
-    from utils.ckpt import bounded
+    from utils.ckpt.untrusted import bounded
     from utils.errors import PiconeoxError
 
     real, walked = bounded.pickle_cost, []
@@ -180,7 +180,7 @@ def test_reading_the_index_reserves_what_it_reads_not_its_limit(trained):
 
     code = f"""
 import resource, sys
-from utils.ckpt.safe_load import SafeFileSystemReader
+from utils.ckpt.untrusted.safe_load import SafeFileSystemReader
 vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize")) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), vm + (512 << 20)))  # half of what the old read reserved
 print(len(SafeFileSystemReader({str(trained / "ckpt" / "run" / STEP)!r}).read_metadata().state_dict_metadata))

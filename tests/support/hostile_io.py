@@ -182,7 +182,7 @@ GCS_RESUMES = {  # id: (change to the step folder given the cache folder it land
 for key, (change, message) in GCS_RESUMES.items():
     @case(f"gcs-resume-{key}", message, leftovers=("ckpt/.remote-cache",))
     def _(work, outside, base, change=change):
-        from utils.ckpt.remote import cache_dir_for
+        from utils.ckpt.bucket.remote import cache_dir_for
         from utils.storage.sync import host_dir
 
         folder = copy_step(work / "upload", base)

@@ -81,7 +81,8 @@ def test_an_import_that_breaks_a_rule_fails(copy):
     assert [b.split(";")[0] for b in breaks] == [
         f"utils/run/lifeline.py:{len(lines) + 4}: imports utils.ckpt.format (room utils/ckpt/)",
         f"utils/run/lifeline.py:{len(lines) + 5}: imports tensorboard"]
-    assert breaks[0].endswith("room utils/run/ may import utils/distributed.py, utils/sharding.py, basics, torch, accelerate")
+    assert breaks[0].endswith("room utils/run/ may import utils/distributed.py, utils/sharding.py, basics, torch, "
+                              "accelerate")
 
 
 def test_utils_importing_configs_or_a_script_fails(copy):

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Callable
 
 from utils import errors
-from utils.ckpt import partials, resume
+from utils.ckpt.bucket import partials
+from utils.ckpt import resume
 from utils.ckpt.format import latest_complete, read_marker, step_dir_name
 from utils.ckpt.parts import Part, Registry, TrainerState, training_parts
 from utils.ckpt.state import grace_warning, rng_state, set_rng_state
-from utils.ckpt.upload_report import closing_word
+from utils.ckpt.bucket.upload_report import closing_word
 from utils.ckpt.uploader import SaveRequest, open_uploader
 from utils.ckpt.write import prepare_step_folder, publish_final
 from utils.storage.sync import host_dir

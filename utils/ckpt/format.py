@@ -8,7 +8,8 @@ Layout of `checkpoints/<run>/step-00000100/`:
   config.json, tokenizer.json, tokenizer_config.json   the model shape and tokenizer (AutoTokenizer loads them)
   <part>.json                       one file per registered small part (utils/ckpt/parts.py): scheduler.json,
                                     scaler.json (fp16 only), loader.json, trainer.json, metrics.json; run_config.json
-                                    (older checkpoints: scheduler.pt, scaler.pt, read through utils/ckpt/bounded.py)
+                                    (older checkpoints: scheduler.pt, scaler.pt, read through
+                                    utils/ckpt/untrusted/bounded.py)
   COMPLETE                          JSON {step, world_size, files: {name: {size, crc32c}}}; written last, by rank 0,
                                     only after every rank reported its files written (and uploaded)
 `best/` and `final/` also hold `model.safetensors` (consolidated weights): AutoModelForCausalLM.from_pretrained

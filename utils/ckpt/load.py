@@ -18,7 +18,7 @@ def read_part(folder: Path, name: str, like: dict | None = None) -> object | Non
     reader), or None when the checkpoint has none. `like`: the part's own state_dict(); the saved state must have
     its keys and kinds of values (a hostile file sets no other attribute, and fails here, not at step 1)."""
     from utils.textfile import read_json
-    from utils.ckpt.safe_load import load_small_state
+    from utils.ckpt.untrusted.safe_load import load_small_state
 
     folder = Path(folder)
     path = folder / f"{name}.json"
@@ -66,7 +66,7 @@ def read_rng(folder: Path, rank: int) -> dict:
     """This rank's RNG state (rank 0's when the checkpoint had fewer ranks); rng-*.json, or an older checkpoint's
     rng-*.pt through the bounded pickle reader. Every value is checked before any generator is set."""
     from utils.textfile import read_json
-    from utils.ckpt.safe_load import load_small_state
+    from utils.ckpt.untrusted.safe_load import load_small_state
     from utils.ckpt.state import rng_from_json, rng_to_json
 
     folder = Path(folder)
@@ -86,7 +86,7 @@ def load_sharded(folder: Path, model, optimizer) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    from utils.ckpt.safe_load import load_dcp
+    from utils.ckpt.untrusted.safe_load import load_dcp
 
     state = sharded_state(model, optimizer)  # this rank's tensors: DCP fills them in place
     try:
@@ -111,7 +111,7 @@ def read_weights(folder: Path, part: str = "model") -> dict[str, torch.Tensor]:
     part holding weights instead (utils/ckpt/parts.py), e.g. "ema"."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from utils.ckpt.safe_load import SafeFileSystemReader, load_dcp
+    from utils.ckpt.untrusted.safe_load import SafeFileSystemReader, load_dcp
 
     meta = SafeFileSystemReader(str(folder)).read_metadata().state_dict_metadata
 
@@ -147,7 +147,7 @@ def load_model(folder: Path):
     from safetensors import SafetensorError
     from transformers import GPTNeoXForCausalLM
 
-    from utils.ckpt.hf_folder import checked_config
+    from utils.ckpt.hf.hf_folder import checked_config
 
     folder = Path(folder)
     if (folder / MARKER).exists():

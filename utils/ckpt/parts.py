@@ -73,7 +73,7 @@ def training_parts(scheduler, scaler, loader, trainer: TrainerState, metrics, em
 
 def dcp_keys(folder: Path) -> set[str]:
     """The flattened keys of a step folder's DCP index (`model.x`, `optim.state.x.exp_avg`, `ema.x`, ...)."""
-    from utils.ckpt.safe_load import SafeFileSystemReader
+    from utils.ckpt.untrusted.safe_load import SafeFileSystemReader
 
     return set(SafeFileSystemReader(str(folder)).read_metadata().state_dict_metadata)
 
@@ -157,7 +157,7 @@ class Registry:
         """Every sharded part from DCP: each rank reads the slices of its own shards into a host copy."""
         import torch.distributed as dist
 
-        from utils.ckpt.safe_load import load_dcp
+        from utils.ckpt.untrusted.safe_load import load_dcp
 
         sharded = {name: part for name, part in self.parts.items() if part.sharded and part.obj is not None}
         if not sharded:

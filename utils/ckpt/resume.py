@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from utils.ckpt import format as ckpt
-from utils.ckpt import remote
+from utils.ckpt.bucket import remote
 from utils.data.shards import verify_dataset
 from utils.distributed import all_gather_object, rank0_decides
 from utils.errors import PiconeoxError

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from utils.ckpt.format import MARKER, manifest, rotate, write_marker
 from utils.ckpt.write import write_shards
-from utils.ckpt import partials
-from utils.ckpt.remote import delete_step, steps_in
+from utils.ckpt.bucket import partials
+from utils.ckpt.bucket.remote import delete_step, steps_in
 from utils.distributed import broadcast_object, gather_object
 from utils.errors import PiconeoxError
 from utils.storage import ObjectExists, Storage

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from utils.ckpt.state import Snapshot
 from utils.ckpt.write import write_weights
-from utils.ckpt.remote import check_upload_settings
+from utils.ckpt.bucket.remote import check_upload_settings
 from utils.ckpt.saver import StepSaver
 from utils.diskfull import NO_SPACE
 from utils.errors import PiconeoxError

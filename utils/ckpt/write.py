@@ -21,7 +21,7 @@ from utils.ckpt.state import Snapshot, rng_to_json, tensor_bytes, tensor_leaves
 from utils.errors import PiconeoxError
 from utils.atomic import atomic_dir, check_output_dir
 from utils.diskfull import check_space, one_line_when_full, raise_if_full
-from utils.ckpt.portable import make_portable
+from utils.ckpt.hf.portable import make_portable
 
 
 def write_shards(snap: Snapshot, folder: Path, group=None) -> list[str]:
@@ -123,7 +123,7 @@ def link_copy(src: Path, folder: Path, extra: Path | None = None) -> Path:
 def write_consolidated(folder: Path, into: Path, weights: str | None = None) -> None:
     """config.json + model.safetensors of the checkpoint `folder`, written into the existing folder `into`;
     `weights`: the sharded part whose weights replace the model's (e.g. "ema"), None for the model's own."""
-    from utils.ckpt.hf_folder import checked_config
+    from utils.ckpt.hf.hf_folder import checked_config
 
     state = read_weights(folder)
     if weights:
@@ -193,7 +193,7 @@ def consolidate(folder: Path, out: Path, weights: str | None = None) -> Path:
         for name in marker["files"]:  # the tokenizer and the small json states travel along: listed files only
             if name.startswith(("tokenizer", "special_tokens")) or (name.endswith(".json") and name != "config.json"):
                 shutil.copy2(regular_file(folder, name), tmp / name)
-        make_portable(tmp)  # also fixes the tokenizer files of a checkpoint written before utils.ckpt.portable
+        make_portable(tmp)  # also fixes the tokenizer files of a checkpoint written before utils.ckpt.hf.portable
         write_marker(tmp, marker["step"], marker.get("world_size", 1),
                      manifest(tmp, [p.name for p in tmp.iterdir() if p.is_file()]))
     return out

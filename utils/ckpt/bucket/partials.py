@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from utils.ckpt.format import MARKER, step_dir_name, step_folders
-from utils.ckpt.remote import delete_step, steps_in
+from utils.ckpt.bucket.remote import delete_step, steps_in
 from utils.distributed import broadcast_object
 from utils.errors import PiconeoxError
 from utils.storage import Storage

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from utils.ckpt.format import check_complete, step_dir_name, step_folders
 from utils.errors import PiconeoxError
-from utils.ckpt.remote import newest_verified, remote_steps
+from utils.ckpt.bucket.remote import newest_verified, remote_steps
 from utils.storage import Storage
 
 

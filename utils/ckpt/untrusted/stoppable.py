@@ -4,7 +4,7 @@ A training run's handlers only ask for a clean stop at the next micro-step (util
 that is still walking a hostile pickle would never get there. Inside `stoppable(what)` the first such signal
 is passed to the handler there before (the run records its stop) and then raises LoadStopped, one line, from
 wherever the main thread is: the bounded walk and the unpicklers are Python code, and what they hand to C is
-bounded to seconds (utils/ckpt/bounded.py). Off the main thread (where no signal arrives) it changes nothing.
+bounded to seconds (utils/ckpt/untrusted/bounded.py). Off the main thread (where no signal arrives) it changes nothing.
 """
 from __future__ import annotations
 

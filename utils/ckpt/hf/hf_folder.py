@@ -55,7 +55,7 @@ def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     folder = Path(folder)
     if (folder / ".metadata").is_file():  # our step folders (DCP)
         from utils.ckpt.format import MARKER, check_complete
-        from utils.ckpt.safe_load import SafeFileSystemReader
+        from utils.ckpt.untrusted.safe_load import SafeFileSystemReader
 
         if (folder / MARKER).exists() and (reason := check_complete(folder)):  # sizes: a damaged folder says so
             raise PiconeoxError(reason)
@@ -63,7 +63,7 @@ def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
         return {k[len("model."):]: tuple(m.size) for k, m in meta.items() if k.startswith("model.") and
                 hasattr(m, "size")}
     if (folder / "pytorch_model.bin").is_file() and not (folder / "model.safetensors").is_file():
-        from utils.ckpt.safe_load import weights_only_load  # bounded, then memory-mapped: no tensor is read
+        from utils.ckpt.untrusted.safe_load import weights_only_load  # bounded, then memory-mapped: no tensor is read
 
         state = weights_only_load(folder / "pytorch_model.bin", folder / "pytorch_model.bin", mmap=True)
         if not isinstance(state, dict):

@@ -2,7 +2,7 @@
 memory out of proportion to its size, whatever its bytes.
 
 - A pickle (DCP's `.metadata`, each record of a `.distcp`, an older `.pt` small state, `pytorch_model.bin`) is
-  walked opcode by opcode first (utils/ckpt/pickle_walk.py: one pass, nothing built, every limit checked as it
+  walked opcode by opcode first (utils/ckpt/untrusted/pickle_walk.py: one pass, nothing built, every limit checked as it
   goes): at most MAX_PICKLE_OPS opcodes and MAX_PICKLE_TEXT bytes of strings; at most MAX_PICKLE_NODES objects
   created, none of which unfolds (each shared reference counted again) into more, or nests more than
   MAX_PICKLE_DEPTH deep. A 1 KB pickle of 64 tuples nested through the memo is 2**64 objects to hash: it would
@@ -22,7 +22,7 @@ import io
 import zipfile
 from collections import OrderedDict
 
-from utils.ckpt.pickle_walk import MAX_PICKLE_DEPTH, MAX_PICKLE_NODES, TooCostly, pickle_cost  # noqa: F401 (tests)
+from utils.ckpt.untrusted.pickle_walk import MAX_PICKLE_DEPTH, MAX_PICKLE_NODES, TooCostly, pickle_cost  # noqa: F401 (tests)
 from utils.errors import PiconeoxError
 
 MAX_HASH_WORK_UNWATCHED = 1 << 28  # one dict of 16,384 colliding keys: ~3.4 s here; a 1.2B state dict: ~400 keys

@@ -65,7 +65,7 @@ def check_storage(folder: Path, metadata, path) -> None:
     """Every file the index `path` points into is a plain name of a regular file in `folder`, listed in the folder's
     COMPLETE marker (when it has one), and every slice lies within that file: a load reads nothing else."""
     from utils.ckpt.format import read_marker, regular_file
-    from utils.ckpt.safe_load import UnsafeCheckpoint
+    from utils.ckpt.untrusted.safe_load import UnsafeCheckpoint
 
     marker = read_marker(folder)
     sizes: dict[str, int] = {}

@@ -27,10 +27,10 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.utils import _ReaderView
 
-from utils.ckpt.bounded import MAX_HASH_WORK_UNWATCHED, check_pickle, check_torch_zip
-from utils.ckpt.index_check import check_storage, index_problem
-from utils.ckpt.pickle_walk import MAX_HASH_WORK
-from utils.ckpt.stoppable import stoppable
+from utils.ckpt.untrusted.bounded import MAX_HASH_WORK_UNWATCHED, check_pickle, check_torch_zip
+from utils.ckpt.untrusted.index_check import check_storage, index_problem
+from utils.ckpt.untrusted.pickle_walk import MAX_HASH_WORK
+from utils.ckpt.untrusted.stoppable import stoppable
 from utils.errors import PiconeoxError, first_line
 
 MAX_INDEX_BYTES = 1 << 30  # a 1.2B model's .metadata is ~1 MB
@@ -173,7 +173,7 @@ class SafeFileSystemReader(FileSystemReader):
 
 
     def read_data(self, plan, planner):
-        """DCP's read, but every record is checked before torch.load sees it (utils/ckpt/bounded.py): a value
+        """DCP's read, but every record is checked before torch.load sees it (utils/ckpt/untrusted/bounded.py): a value
         record is read only up to MAX_VALUE_BYTES, a tensor record must be a torch zip of stored records."""
         from torch.distributed._shard._utils import narrow_tensor_by_index
         from torch.distributed.checkpoint.planner import LoadItemType

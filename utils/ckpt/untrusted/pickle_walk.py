@@ -1,5 +1,5 @@
-"""The bounded pickle walk (utils/ckpt/bounded.py): what a pickle would build, counted opcode by opcode in one pass
-(linear in its bytes), with every limit checked as it goes; nothing is built."""
+"""The bounded pickle walk (utils/ckpt/untrusted/bounded.py): what a pickle would build, counted opcode by opcode in
+one pass (linear in its bytes), with every limit checked as it goes; nothing is built."""
 from __future__ import annotations
 
 import pickletools
