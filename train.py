@@ -119,11 +119,8 @@ def prepare(model, tc: TrainConfig, accelerator: Accelerator, log):
     from utils.sharding import check_prepared
 
     sharded = accelerator.is_fsdp2
-    if tc.optimizer == "muon" and sharded:
-        raise PiconeoxError("train.optimizer=muon: not with FSDP2 (Muon orthogonalises whole matrices, each rank "
-                            "holds a shard); use optimizer adamw, or DDP")
-    optimizer = build_optimizer(model, tc.learning_rate, tc.weight_decay, (tc.beta1, tc.beta2), tc.optimizer,
-                                tc.muon_lr, tc.muon_momentum)
+    optimizer = build_optimizer(model, lr=tc.learning_rate, weight_decay=tc.weight_decay, betas=(tc.beta1, tc.beta2),
+                                kind=tc.optimizer, muon_lr=tc.muon_lr, muon_momentum=tc.muon_momentum, sharded=sharded)
     scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio, tc.lr_schedule,
                                 tc.decay_fraction)
     model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
@@ -155,6 +152,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     from utils.run.accelerator import make_accelerator
     from utils.ema import WeightEMA
     from utils.lm import auto_micro_batch
+    from utils.optim import check_allowed
     from utils.report.metrics import MetricsWriter, peak_flops, setup_logging
     from utils.report.progress import TrainReport, log_start
     from utils.report.trackers import parse_report_to
@@ -166,6 +164,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     s, tc = cfg.run, cfg.train
     transformers.utils.logging.disable_progress_bar()  # save_pretrained's shard bar would break our own bar
     accelerator = make_accelerator(tc.mixed_precision, torch.cuda.is_available(), s.collective_timeout_minutes)
+    check_allowed(tc.optimizer, sharded=accelerator.is_fsdp2)  # before the data and the model are built
     set_seed(tc.seed)
     cleanup.callback(torch.set_float32_matmul_precision, torch.get_float32_matmul_precision())  # process-wide
     torch.set_float32_matmul_precision(tc.matmul_precision)
@@ -417,8 +416,10 @@ def run(args) -> int:
         print(default_sharding(cfg, args.gpus))
         return 0
     if args.print_plan:
-        from configs.plan import format_plan, plan
+        from configs.plan import format_plan, launch_refusal, plan
 
+        if why := launch_refusal(cfg, args.gpus):  # the plan of a run the launch refuses would mislead
+            raise PiconeoxError(why)
         print(format_plan(plan(cfg, gpus=args.gpus, machines=args.machines)))
         return 0
     with contextlib.ExitStack() as cleanup:

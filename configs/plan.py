@@ -3,9 +3,11 @@
 The model is built on PyTorch's meta device (shapes only, no storage), so the 1.2B preset plans in
 seconds on a laptop. Memory is an estimate of the big terms, in bytes per GPU:
 
-- weights, gradients and AdamW states are fp32 (mixed precision autocasts the compute, the master
-  weights stay fp32): 4 + 4 + 8 bytes per parameter, + 4 for the weights' EMA (train.ema_decay, counted
-  with the optimizer; its evaluation copies the weights aside for a moment, not counted). DDP keeps all of
+- weights, gradients and optimizer states are fp32 (mixed precision autocasts the compute, the master
+  weights stay fp32): 4 + 4 bytes per parameter, + the optimizer's state as utils/optim.py counts it
+  (`state_bytes`: AdamW 8 a parameter; Muon 4 on the layers' matrices), + 4 for the weights' EMA
+  (train.ema_decay, counted with the optimizer; its evaluation copies the weights aside for a moment, not
+  counted). An optimizer that refuses sharded parameters (`utils.optim.refusal`) gets no FSDP column. DDP keeps all of
   them on every GPU; FSDP full keeps 1/world of each, plus the unsharded weights in the compute dtype:
   configs/accelerate/fsdp_production.yaml keeps every layer gathered from its forward to its backward
   (reshard_after_forward: false), so at the end of a forward all of them are.
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from configs.model import build_model, count_parameters
 from configs.presets import RunConfig
 from utils.errors import PiconeoxError
+from utils.optim import refusal, state_bytes
 
 MIB, GIB = 1024**2, 1024**3
 
@@ -72,6 +75,15 @@ SHARD_FROM_PARAMETERS = 1_000_000_000
 """Runs on several GPUs of models this large default to FSDP2 (start_training.sh): under DDP every GPU would hold
 20 bytes a parameter (fp32 weights, gradients, AdamW states, gradient buckets: 18.6 GiB at 1B, before any
 activation) and every rank would build its own fp32 model in host memory (4 GB a GPU at 1B)."""
+
+
+def launch_refusal(run_cfg: RunConfig, gpus: int) -> str | None:
+    """One line when the optimizer refuses the sharding start_training.sh would launch on `gpus` GPUs (the plan of
+    a run that cannot start is no plan); None when it can start."""
+    if default_sharding(run_cfg, gpus) != "fsdp" or not (why := refusal(run_cfg.train.optimizer, sharded=True)):
+        return None
+    return (f"--gpus {gpus}: start_training.sh shards a model of {SHARD_FROM_PARAMETERS:,}+ parameters with FSDP2 on "
+            f"several GPUs, and {why}")
 
 
 def default_sharding(run_cfg: RunConfig, gpus: int) -> str:
@@ -131,8 +143,11 @@ class Plan:
     total_tokens: int
     flops_per_token: float
     """Training model FLOPs per token (utils.report.metrics.model_flops_per_token)."""
+    optimizer: str
+    """train.optimizer, whose state the estimates count."""
     ddp: MemoryEstimate
-    fsdp: MemoryEstimate
+    fsdp: MemoryEstimate | None
+    """None when the optimizer refuses sharded parameters (utils.optim.refusal)."""
 
     @property
     def total_flops(self) -> float:
@@ -160,6 +175,7 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None, mach
     with torch.device("meta"):  # shapes only: no weight is allocated
         model = build_model(model_cfg)
     parameters = count_parameters(model)
+    optimizer_bytes = state_bytes(model, train.optimizer)
     layer = sum(p.numel() for p in model.gpt_neox.layers[0].parameters())
 
     world = max(gpus, 1)
@@ -182,7 +198,7 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None, mach
             buffers=buffers,
             weights=4 * parameters // shards + gathered,
             grads=4 * parameters // shards,
-            optimizer=(12 if train.ema_decay else 8) * parameters // shards,
+            optimizer=(optimizer_bytes + (4 * parameters if train.ema_decay else 0)) // shards,
             activations=activations,
             activations_checkpointed=activations_ckpt,
         )
@@ -201,8 +217,10 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None, mach
         steps=train.max_steps,
         total_tokens=batch_tokens * train.max_steps,
         flops_per_token=model_flops_per_token(model_cfg, s),
+        optimizer=train.optimizer,
         ddp=estimate(1, 0, 4 * parameters),
-        fsdp=estimate(shard_gpus, compute_bytes * parameters, 4 * parameters if train.grad_accum_steps > 1 else 0),
+        fsdp=None if refusal(train.optimizer, sharded=True) else
+        estimate(shard_gpus, compute_bytes * parameters, 4 * parameters if train.grad_accum_steps > 1 else 0),
     )
 
 
@@ -220,11 +238,11 @@ def format_plan(p: Plan) -> str:
     ]
     unit, size = ("GiB", GIB) if p.ddp.total >= GIB else ("MiB", MIB)
     fsdp = "FSDP" if p.shard_gpus == max(p.gpus, 1) else "HSDP"
-    lines += ["", f"  memory per GPU ({unit}){'DDP':>18} {fsdp:>10}"]
+    lines += ["", f"  memory per GPU ({unit}){'DDP':>18} {fsdp if p.fsdp else '':>10}".rstrip()]
     rows = [
         ("weights (fp32 master)", "weights"),
         ("gradients (fp32)", "grads"),
-        ("AdamW states (+ EMA) (fp32)", "optimizer"),
+        (f"{'AdamW' if p.optimizer == 'adamw' else 'Muon+AdamW'} states (+ EMA)", "optimizer"),
         ("grad buckets/accumulators", "buffers"),
         ("activations", "activations"),
         ("  with act. checkpointing", "activations_checkpointed"),
@@ -232,8 +250,11 @@ def format_plan(p: Plan) -> str:
         ("  with act. checkpointing", "total_checkpointed"),
     ]
     for label, attr in rows:
-        lines.append(f"  {label:<28} {getattr(p.ddp, attr) / size:>10.2f} {getattr(p.fsdp, attr) / size:>10.2f}")
-    if fsdp == "HSDP":
+        sharded = f"{getattr(p.fsdp, attr) / size:>10.2f}" if p.fsdp else ""
+        lines.append(f"  {label:<28} {getattr(p.ddp, attr) / size:>10.2f} {sharded}".rstrip())
+    if not p.fsdp:
+        lines.append(f"  (no {fsdp} column: {refusal(p.optimizer, sharded=True)})")
+    elif fsdp == "HSDP":
         lines.append(f"  (HSDP: each machine's {p.shard_gpus} GPUs shard the state, {p.gpus // p.shard_gpus} machines "
                      "hold replicas)")
     lines.append("  (estimates: see configs/plan.py; add ~1 GiB for the CUDA context and allocator slack)")

@@ -1,9 +1,18 @@
-"""The optimizers (AdamW, or Muon for the hidden matrices with AdamW for the rest) and the lr schedules."""
+"""The optimizers (AdamW, or Muon for the hidden matrices with AdamW for the rest) and the lr schedules.
+
+Everything a run needs to know about an optimizer is asked here: `refusal` (the layouts it cannot train) and
+`state_bytes` (its memory), so train.py and the plan (configs/plan.py) never restate either.
+"""
 from __future__ import annotations
 
 import math
 
 import torch
+
+from utils.errors import PiconeoxError
+
+STATE_BYTES_PER_PARAMETER = {"adamw": 8, "muon": 4}
+"""fp32 state per parameter: AdamW's exp_avg and exp_avg_sq; Muon's momentum_buffer (its matrices only)."""
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -69,10 +78,35 @@ class MuonWithAdamW(torch.optim.Optimizer):
         return loss
 
 
+def refusal(kind: str, sharded: bool) -> str | None:
+    """Why optimizer `kind` cannot train parameters laid out this way (sharded: FSDP2, each rank a shard of every
+    matrix), as the one line a run and the plan print; None when it can."""
+    if kind == "muon" and sharded:
+        return ("train.optimizer=muon: not with FSDP2 (Muon orthogonalises whole matrices, each rank holds a "
+                "shard); use optimizer adamw, or DDP")
+    return None
+
+
+def check_allowed(kind: str, sharded: bool) -> None:
+    """Raise `refusal(kind, sharded)` as a PiconeoxError (one line, exit 2) when there is one."""
+    if why := refusal(kind, sharded):
+        raise PiconeoxError(why)
+
+
+def state_bytes(model: torch.nn.Module, kind: str) -> int:
+    """Bytes of optimizer state for all of `model`'s parameters, unsharded (shapes only: a meta-device model
+    works): AdamW's 8 a parameter; for muon, 4 on `muon_matrices` and AdamW's 8 on the rest. The per-parameter
+    step counters (one scalar each) are left out."""
+    total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    muon = sum(p.numel() for p in muon_matrices(model)) if kind == "muon" else 0
+    return STATE_BYTES_PER_PARAMETER["muon"] * muon + STATE_BYTES_PER_PARAMETER["adamw"] * (total - muon)
+
+
 def build_optimizer(model, lr: float, weight_decay: float, betas: tuple[float, float], kind: str = "adamw",
-                    muon_lr: float = 0.0, muon_momentum: float = 0.95) -> torch.optim.Optimizer:
+                    muon_lr: float = 0.0, muon_momentum: float = 0.95, sharded: bool = False) -> torch.optim.Optimizer:
     """AdamW with the fused kernel (on CPU too, where PyTorch's default is a per-tensor loop, 3-4x slower), or
-    `MuonWithAdamW` for kind "muon"."""
+    `MuonWithAdamW` for kind "muon"; refused in one line where `refusal` says so."""
+    check_allowed(kind, sharded)
     if kind == "muon":
         return MuonWithAdamW(model, lr, weight_decay, betas, muon_lr, muon_momentum)
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, fused=True)
