@@ -3,7 +3,7 @@
 Download (bucket -> machine):
     python download_training_data.py --source gs://my-bucket/data/tiny --dest data/tiny
 Push (machine -> bucket; manifest.json goes up last):
-    python download_training_data.py --push data/tiny --dest gs://my-bucket/data/tiny
+    python download_training_data.py --push data/tiny --dest gs://my-bucket/data/tiny    # or s3://my-bucket/...
 
 Either side may also be a local directory (a plain path or file:///path), which needs no account.
 A re-run transfers only files whose size or crc32c differ. A downloaded dataset (a manifest.json at its
@@ -20,24 +20,25 @@ from pathlib import Path
 from utils.atomic import check_writable_dir
 from utils.errors import CliParser, Interrupted, PiconeoxError, cli, exit_process
 from utils.data.shards import MANIFEST_FILE, verify_dataset
-from utils.storage import is_remote, open_storage
+from utils.storage import is_remote, local_path, open_storage
 from utils.storage.sync import SyncSummary, download_tree, upload_tree
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CliParser(
         description=__doc__,
-        epilog="credentials: --credentials FILE, else GOOGLE_APPLICATION_CREDENTIALS, else application default\n"
-        "credentials (gcloud auth application-default login); see credentials/README.md.\n"
-        "With STORAGE_EMULATOR_HOST set, a local GCS emulator is used without credentials.",
+        epilog="gs:// credentials: --credentials FILE, else GOOGLE_APPLICATION_CREDENTIALS, else application default\n"
+        "credentials (gcloud auth application-default login); with STORAGE_EMULATOR_HOST set, a local GCS emulator\n"
+        "is used without credentials. s3:// credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or\n"
+        "AWS_PROFILE), AWS_REGION, and AWS_ENDPOINT_URL for R2 or MinIO. See credentials/README.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     direction = parser.add_mutually_exclusive_group(required=True)
     direction.add_argument("--source", metavar="URL",
-                           help="download from this gs://bucket/prefix (or local/file:// folder) into --dest")
+                           help="download from this gs:// or s3://bucket/prefix (or local/file:// folder) into --dest")
     direction.add_argument("--push", metavar="DIR", help="upload this local dataset folder to --dest")
     parser.add_argument("--dest", required=True, metavar="DIR|URL",
-                        help="with --source: the local folder, e.g. data/<name>; with --push: gs://bucket/prefix")
+                        help="with --source: the local folder, e.g. data/<name>; with --push: gs:// or s3://bucket/prefix")
     parser.add_argument("--workers", type=int, default=8, metavar="N", help="parallel transfers (default 8)")
     parser.add_argument("--include", metavar="GLOB",
                         help="only names matching this glob, relative to the prefix ('*' also matches '/')")
@@ -57,16 +58,18 @@ def run(args: argparse.Namespace) -> SyncSummary:
         raise PiconeoxError(f"--workers must be at least 1, got {args.workers}")
     if args.no_overwrite and not args.push:
         raise PiconeoxError("--no-overwrite applies only to --push")
-    local_dest = args.source or not is_remote(args.dest)
-    if local_dest and not args.dry_run:
-        check_writable_dir(args.dest.removeprefix("file://"), "--dest")
+    if args.source and is_remote(args.dest):
+        raise PiconeoxError(f"--dest {args.dest}: with --source, --dest is the local folder to download into")
+    if not is_remote(args.dest) and not args.dry_run:
+        check_writable_dir(local_path(args.dest), "--dest")
     if args.source:
         src = open_storage(args.source, args.credentials, timeout_s=args.timeout)
-        summary = download_tree(src, Path(args.dest), include=args.include, workers=args.workers,
+        dest = Path(local_path(args.dest))
+        summary = download_tree(src, dest, include=args.include, workers=args.workers,
                                 dry_run=args.dry_run, progress=not args.quiet)
-        if not (args.dry_run or summary.failed or args.include) and (Path(args.dest) / MANIFEST_FILE).is_file():
+        if not (args.dry_run or summary.failed or args.include) and (dest / MANIFEST_FILE).is_file():
             try:  # every file matched the bucket's crc32c; now the copy must match its own manifest too
-                verify_dataset(args.dest)
+                verify_dataset(dest)
             except PiconeoxError as e:
                 raise PiconeoxError(f"--source {args.source}: the downloaded dataset does not match its manifest: "
                                     f"{e}") from None

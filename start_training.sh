@@ -22,10 +22,11 @@ which stops them cleanly: Ctrl-C on the bare command gives a traceback while the
   --max-steps N            passed to train.py
   --no-background-upload   passed to train.py
   --mixed-precision M      no, fp16 or bf16 (to train.py, and to accelerate on GPUs)
-  --data D                 prepared dataset dir (or file:///dir), gs://bucket/prefix, or demo (passed to
-                           train.py). gs:// is synced once per machine before the launch, into
-                           data/gcs-cache/<host>/<bucket>/<prefix>, and train.py reads that folder
-  --credentials F          service-account JSON key for gs:// (the data sync and train.py)
+  --data D                 prepared dataset dir (or file:///dir), gs:// or s3://bucket/prefix, or demo (passed
+                           to train.py). A bucket is synced once per machine before the launch, into
+                           data/gcs-cache/<host>/[s3/]<bucket>/<prefix>, and train.py reads that folder
+  --credentials F          service-account JSON key for gs:// (the data sync and train.py); s3:// reads
+                           AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and AWS_ENDPOINT_URL
   --num-machines N         machines in the job (num_processes = gpus x machines)
   --machine-rank R         this machine's rank, 0..N-1 (needed with --num-machines > 1)
   --main-process-ip IP     address of rank 0 (needed with --num-machines > 1)
@@ -113,12 +114,11 @@ extra_args=("$@")
 [[ " ${train_args[*]} " == *" --config "* ]] || die "missing --config NAME (see --help)"
 
 # Inside a Slurm job step or a Kubernetes torch job the scheduler's allocation fills the machine flags (and --gpus
-# on Slurm); a flag that contradicts it is one error line (utils/run/allocation.py).
-if [ -n "${SLURM_JOB_ID:-}${MASTER_ADDR:-}${PET_MASTER_ADDR:-}" ]; then
-  alloc=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.run.allocation "$machines" "$rank" "$ip" \
-    "$port" "$gpus") || exit $?
-  { read -r machines; read -r rank; read -r ip; read -r port; read -r gpus; } <<< "$alloc"
-fi
+# on Slurm); a flag that contradicts it is one error line. Which variables mean "inside a job" is
+# utils/run/allocation.py's to know: outside one it hands the flags back unchanged.
+alloc=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.run.allocation "$machines" "$rank" "$ip" \
+  "$port" "$gpus") || exit $?
+{ read -r machines; read -r rank; read -r ip; read -r port; read -r gpus; } <<< "$alloc"
 
 # How many CUDA GPUs the run can use: what torch sees (CUDA_VISIBLE_DEVICES applies). nvidia-smi only
 # explains a zero: GPUs present but a CPU-only torch build, or no driver at all.
@@ -250,8 +250,8 @@ trap 'rm -f "$lock_note"' EXIT  # until the supervisor, which removes it, takes 
 
 # From here utils/run/supervise.py runs in this script's pid (bash dropped a stop signal that came while it waited for
 # a check to return, and could miss one in `wait`). It runs the preflight: bad settings, a missing dataset or resume
-# path, bad gs:// settings are one line from train.py now, not a traceback from the launcher after the workers
-# started; a gs:// --data is synced there, once per machine and outside any process group (no rank waits on it), and
+# path, bad bucket settings are one line from train.py now, not a traceback from the launcher after the workers
+# started; a bucket --data is synced there, once per machine and outside any process group (no rank waits on it), and
 # the run reads the local folder the preflight prints. Then it starts the launcher in a process group of its own, so
 # a terminal's Ctrl-C reaches only the supervisor, which forwards Ctrl-C/SIGTERM/SIGHUP to the training processes
 # themselves (the launcher's children): each saves and exits 0, and the launcher then exits 0 too. Signalled itself,

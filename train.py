@@ -146,10 +146,11 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     from configs.model import count_parameters
     from configs.plan import model_flops_per_token
     from utils.ckpt.checkpointer import Checkpointer, TrainerState, training_parts
-    from utils.data.source import local_dataset, make_loaders
+    from utils.data.source import DATA_CACHE, local_dataset, make_loaders
     from utils.data.tokenizers import load_tokenizer
     from utils.distributed import rank0_decides
     from utils.run.accelerator import make_accelerator
+    from utils.run.allocation import machine_folder
     from utils.ema import WeightEMA
     from utils.lm import auto_micro_batch
     from utils.optim import check_allowed
@@ -169,7 +170,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     cleanup.callback(torch.set_float32_matmul_precision, torch.get_float32_matmul_precision())  # process-wide
     torch.set_float32_matmul_precision(tc.matmul_precision)
 
-    data_dir = local_dataset(tc, accelerator, s.credentials)  # data first: it decides the vocabulary
+    data_dir = local_dataset(tc, accelerator, s.credentials, machine_folder(DATA_CACHE))  # it decides the vocabulary
     tokenizer = pretrained.load_tokenizer() if pretrained else load_tokenizer(data_dir)
     train_loader, val_loader = make_loaders(data_dir, tc, accelerator)
     cfg = replace(cfg, model=cfg.model.with_vocab(train_loader.vocab_size)).validate()
@@ -185,7 +186,8 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     cleanup.enter_context(stop)  # from here SIGTERM/SIGINT/SIGHUP only ask for a clean stop (at the first micro-step)
     ckpt = cleanup.enter_context(Checkpointer.open(s, name, run_dir, keep_last=tc.keep_last, metrics=metrics,
                                                    best_and_final=tc.best_and_final, accelerator=accelerator, log=log))
-    resume_from = ckpt.agree()  # rank 0 decides, before anything heavy is built, so a bad path fails fast
+    # rank 0 decides, before anything heavy is built, so a bad path fails fast; output_dir may be shared by machines
+    resume_from = ckpt.agree(machine_folder(Path(s.output_dir) / ".remote-cache"))
     cfg, tokenizer_sha256 = ckpt.resumed_config(cfg, data_dir)
     if pretrained:
         pretrained.check_dataset(data_dir, tokenizer_sha256)

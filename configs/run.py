@@ -59,7 +59,7 @@ class RunSettings(ConfigBase):
         from utils.ckpt.bucket.remote import check_upload_settings
         from utils.distributed import check_timeout
         from utils.run.preemption import check_grace_seconds
-        from utils.storage import is_remote, parse_gs_url
+        from utils.storage import check_location
         from utils.report.trackers import parse_report_to
 
         for key in ("output_dir", "log_dir"):  # "" would write into the current folder
@@ -72,9 +72,9 @@ class RunSettings(ConfigBase):
         check_grace_seconds(self.grace_seconds)
         check_upload_settings(bool(self.checkpoint_bucket), keep_last, self.max_upload_failures)
         parse_report_to(self.report_to)
-        for url in (self.checkpoint_bucket, self.resume):
-            if is_remote(url):
-                parse_gs_url(url)  # a bad bucket name is one line before any launch
+        check_location(self.checkpoint_bucket)  # a bad bucket name is one line before any launch
+        if self.resume != "auto":
+            check_location(self.resume)
         return self
 
     def folders(self, default_name: str) -> tuple[str, Path, Path]:

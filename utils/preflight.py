@@ -22,17 +22,18 @@ EXAMPLE = "configs/accelerate/fsdp_production.yaml"
 
 
 def preflight(cfg, pretrained, folders: tuple[str, Path, Path], processes: int | None = None) -> Path | None:
-    """Check output folders, --data, --init-from, --resume and gs:// credentials (configs/run.py checked the rest;
-    `cfg` is a configs RunConfig, `folders` its (run name, run dir, log dir)), then sync a gs:// --data into this
+    """Check output folders, --data, --init-from, --resume and bucket credentials (configs/run.py checked the rest;
+    `cfg` is a configs RunConfig, `folders` its (run name, run dir, log dir)), then sync a bucket --data into this
     machine's cache and return that folder (None for local data)."""
     from utils.ckpt.format import find_checkpoint
     from utils.data.shards import verify_dataset
     from utils.data.source import DATA_CACHE, check_data_arg, ensure_local
+    from utils.run.allocation import machine_folder
     from utils.report.trackers import check_wandb_login, parse_report_to
     from utils.run import runlock
     from utils.run.network import check_gloo_ifname
     from utils.run.run_folders import check_new_run
-    from utils.storage import is_remote, open_storage
+    from utils.storage import check_credentials, is_remote, open_storage
 
     check_gloo_ifname(os.environ.get("GLOO_SOCKET_IFNAME"))  # gloo would raise in every rank after the launch
     if (local := check_data_arg(cfg.train)) is not None:
@@ -49,15 +50,14 @@ def preflight(cfg, pretrained, folders: tuple[str, Path, Path], processes: int |
         check_new_run(s.resume, run_dir, log_dir)
         if "wandb" in parse_report_to(s.report_to):
             check_wandb_login()  # caught here, not after the model is built
-        if s.credentials or any(is_remote(u) for u in (cfg.train.data, s.checkpoint_bucket, s.resume)):
-            from utils.storage.gcs import resolve_credentials  # the Google clients only where gs:// is used
-
-            resolve_credentials(s.credentials)  # the key loads; no bucket is read
+        check_credentials((cfg.train.data, s.checkpoint_bucket, s.resume), s.credentials)  # no bucket is read
         if s.checkpoint_bucket and not is_remote(s.checkpoint_bucket):
             open_storage(s.checkpoint_bucket)  # a local bucket that is a file: refused before the launch
         if s.resume and s.resume != "auto" and not is_remote(s.resume):
             find_checkpoint(s.resume, resume=True, flag="--resume ", warn=lambda _: None)
-    return ensure_local(cfg.train.data, DATA_CACHE, s.credentials) if is_remote(cfg.train.data) else None
+    if not is_remote(cfg.train.data):
+        return None
+    return ensure_local(cfg.train.data, machine_folder(DATA_CACHE), s.credentials)
 
 
 def temp_note() -> str:

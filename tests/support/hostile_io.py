@@ -183,11 +183,11 @@ for key, (change, message) in GCS_RESUMES.items():
     @case(f"gcs-resume-{key}", message, leftovers=("ckpt/.remote-cache",))
     def _(work, outside, base, change=change):
         from utils.ckpt.bucket.remote import cache_dir_for
-        from utils.storage.sync import host_dir
+        from utils.run.allocation import machine_folder
 
         folder = copy_step(work / "upload", base)
         url = f"gs://{base.gcs_bucket}/{work.parent.name}/run"
-        change(folder, cache_dir_for(url, host_dir(work / "ckpt" / ".remote-cache")) / STEP, outside)
+        change(folder, cache_dir_for(url, machine_folder(work / "ckpt" / ".remote-cache")) / STEP, outside)
         to_bucket(folder, url)
         shutil.rmtree(work / "upload")
         return train_argv(work, base, "--resume", url)

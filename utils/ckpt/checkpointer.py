@@ -2,7 +2,7 @@
 
     ckpt = cleanup.enter_context(Checkpointer.open(settings, name, run_dir, keep_last=3, best_and_final=True,
                                                    accelerator=accelerator, metrics=metrics, log=log))
-    resume_from = ckpt.agree()                  # rank 0 decides the resume folder, every rank gets it
+    resume_from = ckpt.agree(cache)             # rank 0 decides the resume folder, every rank gets it
     cfg, tokenizer_sha256 = ckpt.resumed_config(cfg, data_dir)
     ckpt.attach(model, optimizer, parts, run_config=..., tokenizer=...)   # parts: utils/ckpt/parts.py
     ckpt.restore(resume_from)                   # every part back in place
@@ -29,7 +29,6 @@ from utils.ckpt.state import grace_warning, rng_state, set_rng_state
 from utils.ckpt.bucket.upload_report import closing_word
 from utils.ckpt.uploader import SaveRequest, open_uploader
 from utils.ckpt.write import prepare_step_folder, publish_final
-from utils.storage.sync import host_dir
 
 __all__ = ["Checkpointer", "Part", "TrainerState", "rng_state", "set_rng_state", "training_parts"]
 
@@ -72,11 +71,11 @@ class Checkpointer:
 
     # --- start ----------------------------------------------------------------------------------------------
 
-    def agree(self) -> Path | None:
-        """The folder this rank resumes from (None: start fresh); rank 0 decides, each machine fetches once."""
+    def agree(self, cache: Path) -> Path | None:
+        """The folder this rank resumes from (None: start fresh); rank 0 decides, each machine fetches once into
+        `cache`, its own folder for checkpoints from a bucket (utils.run.allocation.machine_folder)."""
         s = self.settings
-        self.resume_from = resume.agree(self.accelerator, s.resume, self.run_dir, self._uploader.store,
-                                        host_dir(Path(s.output_dir) / ".remote-cache"),  # output_dir may be shared
+        self.resume_from = resume.agree(self.accelerator, s.resume, self.run_dir, self._uploader.store, cache,
                                         s.credentials, s.grace_seconds, self.log)
         return self.resume_from
 

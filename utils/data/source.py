@@ -1,4 +1,4 @@
-"""Where a run's dataset comes from: a prepared folder, `demo` (prepared on first use), or a gs:// prefix synced
+"""Where a run's dataset comes from: a prepared folder, `demo` (prepared on first use), or a bucket prefix synced
 into this machine's cache. Each check here reads no data, so a mistake is one line before any launch."""
 from __future__ import annotations
 
@@ -8,23 +8,24 @@ from pathlib import Path
 from utils.data.shards import verify_dataset
 from utils.errors import PiconeoxError
 from utils.flock import exclusive
-from utils.storage import is_remote, open_storage, parse_gs_url
-from utils.storage.sync import download_tree, host_dir
+from utils.storage import cache_folder, check_location, is_remote, local_path, open_storage
+from utils.storage.sync import download_tree
 
-DATA_CACHE = Path("data") / "gcs-cache"  # gs:// datasets land in DATA_CACHE/<host>/<bucket>/<prefix>
+DATA_CACHE = Path("data") / "gcs-cache"  # bucket datasets land in DATA_CACHE/<host>/[<scheme>/]<bucket>/<prefix>
 
 
 def check_data_arg(train_cfg) -> Path | None:
-    """Validate --data without reading it: the local dataset directory, or None for `demo` and gs://."""
+    """Validate --data without reading it: the local dataset directory, or None for `demo` and a bucket URL."""
     data = train_cfg.data
     if not data:
-        raise PiconeoxError("no dataset: this preset needs --data DIR (prepare one with prepare_data.py) or --data gs://...")
+        raise PiconeoxError("no dataset: this preset needs --data DIR (prepare one with prepare_data.py) or --data "
+                            "gs://... or s3://...")
     if data == "demo":
         return None
+    check_location(data)  # a bad bucket name or prefix is one line before the launch
     if is_remote(data):
-        parse_gs_url(data)  # a bad bucket name or prefix is one line before the launch
         return None
-    out = Path(data.removeprefix("file://"))
+    out = Path(local_path(data))
     if out.is_file():  # a text file: it needs preparing first
         raise PiconeoxError(f"--data {data} is a file; prepare it first with `python prepare_data.py {data} "
                             f"--name {out.stem} --tokenizer {train_cfg.tokenizer}`, then pass --data data/{out.stem}")
@@ -47,20 +48,19 @@ def data_name(train_cfg) -> str:
         return f"demo-{train_cfg.tokenizer}{vocab}{pct}"
     if is_remote(train_cfg.data):
         return train_cfg.data.rstrip("/").rsplit("/", 1)[-1]
-    return Path(train_cfg.data.removeprefix("file://")).resolve().name
+    return Path(local_path(train_cfg.data)).resolve().name
 
 
 def ensure_local(source_url: str, cache_root: Path, credentials: str | None = None) -> Path:
     """A local folder holding the dataset at `source_url`.
 
-    A gs:// URL is synced (verified, incremental) into cache_root/<host>/<bucket>/<prefix> (see `host_dir`);
-    a local path or file:// URL is returned as is. One process per machine calls it (start_training.sh,
-    before the launch).
+    A bucket URL is synced (verified, incremental) into cache_root/<bucket>/<prefix> (utils.storage.cache_folder;
+    callers pass this machine's own cache_root, utils.run.allocation.machine_folder); a local path or file:// URL is
+    returned as is. One process per machine calls it (start_training.sh, before the launch).
     """
     if not is_remote(source_url):
-        return Path(source_url.removeprefix("file://"))
-    bucket, prefix = parse_gs_url(source_url)
-    dest = Path(host_dir(cache_root), bucket, *prefix.split("/")) if prefix else Path(host_dir(cache_root), bucket)
+        return Path(local_path(source_url))
+    dest = cache_folder(cache_root, source_url)
     summary = download_tree(open_storage(source_url, credentials), dest)
     if summary.failed:
         raise PiconeoxError(f"{summary.failed} file(s) of {source_url} failed to sync into {dest}; "
@@ -78,9 +78,10 @@ def preparing(out: Path):
         yield
 
 
-def local_dataset(train_cfg, accelerator, credentials: str | None) -> Path:
-    """The local dataset directory: `demo` is prepared on first use (one process per machine first); gs:// is
-    synced here only by a single process: with more, start_training.sh syncs it before the launch."""
+def local_dataset(train_cfg, accelerator, credentials: str | None, cache_root: Path) -> Path:
+    """The local dataset directory: `demo` is prepared on first use (one process per machine first); a bucket URL
+    is synced into `cache_root` (this machine's) here only by a single process: with more, start_training.sh syncs
+    it before the launch."""
     local = check_data_arg(train_cfg)
     if local is not None:
         with accelerator.local_main_process_first():  # on first use the shards' crc32c are hashed once per machine
@@ -101,7 +102,7 @@ def local_dataset(train_cfg, accelerator, credentials: str | None) -> Path:
         raise PiconeoxError(f"--data {train_cfg.data}: {accelerator.num_processes} processes cannot sync it; launch "
                             "with ./start_training.sh (it syncs once per machine first) or download it with "
                             "download_training_data.py and pass the folder")
-    return ensure_local(train_cfg.data, DATA_CACHE, credentials)
+    return ensure_local(train_cfg.data, cache_root, credentials)
 
 
 def make_loaders(data_dir: Path, tc, accelerator):

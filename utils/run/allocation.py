@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from utils.errors import PiconeoxError, cli
 
 BATCH_STEP = "4294967294"  # Slurm's id of the batch script's step (SLURM_BATCH_SCRIPT), where it sets one
+MACHINE_ENV = "PICONEOX_MACHINE_RANK"  # exported by start_training.sh on multi-machine jobs
 PORT_BASE, PORT_SPAN = 10000, 20000  # below Linux's ephemeral range (32768+), where outgoing connections live
 
 
@@ -132,6 +135,19 @@ def detect(env: Mapping[str, str], first_address: Callable[[str], str] = scontro
     if env.get("SLURM_JOB_ID"):
         return from_slurm(env, first_address)
     return from_torch_operator(env)
+
+
+def machine_folder(root: str | os.PathLike, env: Mapping[str, str] = os.environ) -> Path:
+    """`root/<this machine's name>`: machines sharing a filesystem (NFS, a shared home) each keep their own cache
+    (datasets and checkpoints from a bucket), so one machine's cleanup of stale `.partial` files never deletes
+    another's download in flight. Nodes of one job that share a hostname (several slurmd on one host, containers)
+    are told apart by their Slurm node name (stable across jobs), else by the machine rank start_training.sh
+    exports."""
+    name = socket.gethostname()
+    node = env.get("SLURMD_NODENAME") or (f"machine-{env[MACHINE_ENV]}" if env.get(MACHINE_ENV) else "")
+    if node and node != name.split(".")[0]:
+        name = f"{name}.{node}"
+    return Path(root) / (re.sub(r"[^A-Za-z0-9._-]", "_", name) or "host")
 
 
 FLAGS = {"machines": "--num-machines", "rank": "--machine-rank", "ip": "--main-process-ip",

@@ -25,10 +25,10 @@ from pathlib import Path
 from utils.atomic import check_writable_dir
 from utils.errors import PiconeoxError
 from utils.flock import exclusive
+from utils.run.allocation import MACHINE_ENV
 
 OWNER_ENV = "PICONEOX_RUN_LOCK_OWNER"  # the launcher's pid: the lock it took is its workers' to join
 NOTE_ENV = "PICONEOX_RUN_LOCK_NOTE"  # a file the preflight writes the lock's path into, for the launcher
-MACHINE_ENV = "PICONEOX_MACHINE_RANK"  # set by start_training.sh on multi-machine jobs
 _made_here: set[Path] = set()  # output folders this process created for a lock: removed with it when empty
 
 

@@ -1,7 +1,6 @@
-"""The storage protocol every backend follows: list with size and crc32c, get, put, delete; and gs:// URLs."""
+"""The storage protocol every backend follows: list with size and crc32c, get, put, delete."""
 from __future__ import annotations
 
-import re
 import stat
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -10,7 +9,6 @@ from pathlib import Path
 from utils.errors import PiconeoxError
 
 PARTIAL_SUFFIX = ".partial"
-_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 
 
 class StorageError(PiconeoxError):
@@ -92,7 +90,7 @@ def special(path: Path) -> bool:
 
 
 class Storage(ABC):
-    """A flat namespace of objects under a root (a local directory or a gs:// bucket prefix)."""
+    """A flat namespace of objects under a root (a local directory or a bucket prefix)."""
 
     url: str
 
@@ -137,18 +135,3 @@ def in_flight(filename: str) -> bool:
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}/{name}" if prefix else name
-
-
-
-def parse_gs_url(url: str) -> tuple[str, str]:
-    """Split 'gs://bucket/some/prefix' into ('bucket', 'some/prefix'), checking both parts."""
-    bucket, _, prefix = url.removeprefix("gs://").partition("/")
-    if not _BUCKET_NAME.match(bucket):
-        raise PiconeoxError(
-            f"bad bucket name {bucket!r} in {url!r}: expected gs://bucket/prefix with a bucket of 3-222 "
-            "lowercase letters, digits, '-', '_' or '.'"
-        )
-    prefix = prefix.strip("/")
-    if prefix:
-        safe_relpath(prefix)
-    return bucket, prefix

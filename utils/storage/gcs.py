@@ -232,3 +232,14 @@ def resolve_credentials(key_file: str | None) -> tuple[Credentials, str | None]:
             "(see credentials/README.md)"
         ) from None
 
+
+
+def check_credentials(key_file: str | None) -> None:
+    """The credentials load (a key file given is read and checked); no bucket is read."""
+    resolve_credentials(key_file)
+
+
+def open_bucket(bucket: str, prefix: str, key_file: str | None, timeout_s: float) -> GCSStorage:
+    """`gs://bucket/prefix` (both checked by utils.storage.split_url) with the credentials resolved here."""
+    creds, project = resolve_credentials(key_file)
+    return GCSStorage(storage.Client(project=project, credentials=creds), bucket, prefix, timeout_s=timeout_s)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -25,7 +23,7 @@ from utils.crc import INDEX_NAME, CrcIndex
 from utils.errors import PiconeoxError
 from utils.storage import PARTIAL_SUFFIX, ObjectInfo, Storage, in_flight, no_link_below, safe_relpath
 
-__all__ = ["SyncSummary", "CrcIndex", "download_tree", "upload_tree", "host_dir", "safe_relpath"]
+__all__ = ["SyncSummary", "CrcIndex", "download_tree", "upload_tree", "safe_relpath"]
 
 log = logging.getLogger(__name__)
 
@@ -231,15 +229,3 @@ def upload_tree(src_dir: Path, dst: Storage, *, last: str | None = "manifest.jso
     summary.seconds = time.perf_counter() - start
     return summary
 
-
-def host_dir(root: Path) -> Path:
-    """`root/<this machine's name>`: machines sharing a filesystem (NFS, a shared home) each keep their own
-    cache, so one machine's cleanup of stale `.partial` files never deletes another's download in flight.
-    Nodes of one job that share a hostname (several slurmd on one host, containers) are told apart by their
-    Slurm node name (stable across jobs), else by their machine rank."""
-    name = socket.gethostname()
-    node = os.environ.get("SLURMD_NODENAME") or (
-        f"machine-{os.environ['PICONEOX_MACHINE_RANK']}" if os.environ.get("PICONEOX_MACHINE_RANK") else "")
-    if node and node != name.split(".")[0]:
-        name = f"{name}.{node}"
-    return Path(root) / (re.sub(r"[^A-Za-z0-9._-]", "_", name) or "host")

@@ -14,7 +14,7 @@ from typing import Iterable
 
 from utils.ckpt.format import MARKER, STEP_RE, check_complete, read_marker, step_dir_name
 from utils.errors import PiconeoxError
-from utils.storage import Storage, is_remote, open_storage, parse_gs_url
+from utils.storage import Storage, cache_folder, open_storage
 from utils.storage.sync import download_tree
 
 
@@ -108,12 +108,9 @@ def download_checkpoint(store: Storage, step: int, cache_dir: Path, progress: bo
 
 
 def cache_dir_for(url: str, cache_root: Path) -> Path:
-    """Where checkpoints of the run at `url` are cached: cache_root/<bucket>/<prefix>, or for a directory
-    used as a bucket, cache_root/local/<its absolute path>."""
-    if is_remote(url):
-        bucket, prefix = parse_gs_url(url)
-        return Path(cache_root, bucket, *prefix.split("/")) if prefix else Path(cache_root, bucket)
-    return Path(cache_root, "local", *Path(url.removeprefix("file://")).resolve().parts[1:])
+    """Where checkpoints of the run at `url` are cached (utils.storage.cache_folder: cache_root/<bucket>/<prefix>, or
+    for a directory used as a bucket, cache_root/local/<its absolute path>)."""
+    return cache_folder(cache_root, url)
 
 
 def resolve_url(url: str, credentials: str | None, *, timeout_s: float = 60) -> tuple[Storage, int]:
