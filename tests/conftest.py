@@ -27,7 +27,8 @@ import pytest
 from tests.support.paths import SHARED_DATA, SHARED_DATA_MISSING
 from tests.support.training import LONG_RUN, one_torch_thread, run
 
-pytest_plugins = ["tests.support.gcs_servers", "tests.support.processes", "tests.support.tiers"]
+pytest_plugins = ["tests.support.gcs_servers", "tests.support.s3_servers", "tests.support.processes",
+                  "tests.support.tiers"]
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import pytest
 
 from tests.support.gcs_servers import CuttingRelay, start_fake_gcs, use_server
 from utils.data.source import ensure_local
+from utils.run.allocation import machine_folder
 from utils.errors import PiconeoxError
 from utils.storage import open_storage
 from utils.storage.sync import INDEX_NAME, download_tree, upload_tree
@@ -181,7 +182,7 @@ def test_push_then_download_roundtrip_between_backends(bucket, text_tree, tmp_pa
 
 def test_ensure_local_caches_gs_and_passes_local_paths(gcs_emulator, text_tree, tmp_path):
     seed(gcs_emulator, "data/ds", text_tree)
-    path = ensure_local(gcs_emulator.url("data/ds"), tmp_path / "cache")
+    path = ensure_local(gcs_emulator.url("data/ds"), machine_folder(tmp_path / "cache"))
     assert path == tmp_path / "cache" / socket.gethostname() / gcs_emulator.bucket / "data" / "ds"
     assert files_under(path) == text_tree
     assert ensure_local("data/ds", tmp_path / "cache") == Path("data/ds")
@@ -192,10 +193,10 @@ def test_machines_sharing_a_filesystem_keep_each_others_downloads(gcs_emulator, 
     """Two machines sync into one shared cache root: B's stale-.partial cleanup must not delete A's download."""
     seed(gcs_emulator, "data/ds", text_tree)
     monkeypatch.setattr(socket, "gethostname", lambda: "machine-a")
-    a = ensure_local(gcs_emulator.url("data/ds"), tmp_path / "cache")
+    a = ensure_local(gcs_emulator.url("data/ds"), machine_folder(tmp_path / "cache"))
     in_flight = a / "train-0001.npy.partial"  # machine A is downloading this right now
     in_flight.write_bytes(b"half of a shard")
     monkeypatch.setattr(socket, "gethostname", lambda: "machine-b")
-    b = ensure_local(gcs_emulator.url("data/ds"), tmp_path / "cache")
+    b = ensure_local(gcs_emulator.url("data/ds"), machine_folder(tmp_path / "cache"))
     assert in_flight.read_bytes() == b"half of a shard"
     assert a.parent.parent.parent.name == "machine-a" and b != a and files_under(b) == text_tree

@@ -115,11 +115,14 @@ class LocalBucket:
         return (self.root / name).read_bytes()
 
 
-@pytest.fixture(params=["gcs", "local"])
+@pytest.fixture(params=["gcs", "s3", "local"])
 def bucket(request, tmp_path) -> GcsServer | LocalBucket:
-    """Each test runs twice: against gs:// on gcp-storage-emulator and against a local directory."""
+    """Each test runs three times: against gs:// on gcp-storage-emulator, s3:// on moto's server
+    (tests/support/s3_servers.py) and a local directory."""
     if request.param == "gcs":
         return request.getfixturevalue("gcs_emulator")
+    if request.param == "s3":
+        return request.getfixturevalue("s3_server")
     return LocalBucket(tmp_path / "bucket")
 
 

@@ -7,7 +7,7 @@ the other workers' time instead of trailing at the end."""
 import pytest
 
 # Folders under tests/, in the order they run; a folder not listed runs last.
-TIERS = ("unit", "loaded", "slurm", "ranks", "process", "gcs", "pico", "hostile")
+TIERS = ("unit", "loaded", "slurm", "ranks", "process", "gcs", "s3", "pico", "hostile")
 
 
 def tier_of(nodeid: str) -> str:
