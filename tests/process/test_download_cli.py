@@ -63,7 +63,7 @@ def test_push_and_download_with_a_local_bucket(text_tree, tmp_path, capsys):
 def test_bad_flags_are_refused(tmp_path, capsys):
     for argv, message in [
         (["--source", str(tmp_path), "--dest", "d", "--workers", "0"], "--workers must be at least 1, got 0"),
-        (["--source", "s3://bucket/x", "--dest", "d"], "unsupported storage location 's3://bucket/x'"),
+        (["--source", "s4://bucket/x", "--dest", "d"], "unsupported storage location 's4://bucket/x'"),
         (["--source", str(tmp_path), "--dest", "d", "--no-overwrite"], "--no-overwrite applies only to --push"),
         (["--push", str(tmp_path / "none"), "--dest", str(tmp_path / "b")], "nothing to upload"),
     ]:
