@@ -64,9 +64,10 @@ def with_init_from(cfg):
 
 # --- setup: one line per component --------------------------------------------------------------------------
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
-    """The parts of a run in training: what `setup` built and `train` / `finish` use."""
+    """The parts of a run in training: what `setup` built and `train` / `finish` use (built by name, never by
+    position: many of them share a type)."""
 
     cfg: RunConfig  # final (vocab, batch for this world size, run settings)
     name: str
@@ -86,8 +87,7 @@ class Run:
     log: logging.Logger
     stop: StopRequest  # signals and upload failures ask for a clean stop
     report: TrainReport  # bar, scalars, eval line, summary
-    vote: StopVote | None = None  # every rank agrees when to stop
-    grad_norm: torch.Tensor | float = 0.0
+    vote: StopVote | None = None  # every rank agrees when to stop; set when the loop starts (its deadline)
 
 
 def build_model(cfg: RunConfig, pretrained, accelerator: Accelerator, resumed: bool, log: logging.Logger):
@@ -206,9 +206,10 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     ema = WeightEMA(unwrapped, tc.ema_decay) if tc.ema_decay else None  # after prepare(): it mirrors the shards
     state = TrainerState()
     run_config = {**cfg.to_dict(), "data_tokenizer_sha256": tokenizer_sha256, "init_from": s.init_from}
-    ckpt.attach(unwrapped, optimizer.optimizer, training_parts(scheduler, accelerator.scaler, train_loader, state,
-                                                               metrics, ema),
-                run_config=run_config, tokenizer=tokenizer, published="ema" if tc.best_final_weights == "ema" else None)
+    parts = training_parts(scheduler=scheduler, scaler=accelerator.scaler, loader=train_loader, trainer=state,
+                           metrics=metrics, ema=ema)
+    ckpt.attach(unwrapped, optimizer.optimizer, parts, run_config=run_config, tokenizer=tokenizer,
+                published="ema" if tc.best_final_weights == "ema" else None)
     if resume_from:
         ckpt.restore(resume_from)
         log.info(f"resumed from {resume_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
@@ -227,15 +228,25 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
                          flops_per_token=model_flops_per_token(cfg.model, tc.seq_len),
                          peak=peak_flops(torch.cuda.get_device_name() if cuda else None, tc.mixed_precision),
                          is_main=accelerator.is_main_process)
-    return Run(cfg, name, run_dir, log_dir, accelerator, model, optimizer, scheduler, train_loader, val_loader,
-               tokenizer, state, ckpt, ema, metrics, log, stop, report)
+    return Run(cfg=cfg, name=name, run_dir=run_dir, log_dir=log_dir, accelerator=accelerator, model=model,
+               optimizer=optimizer, scheduler=scheduler, train_loader=train_loader, val_loader=val_loader,
+               tokenizer=tokenizer, state=state, ckpt=ckpt, ema=ema, metrics=metrics, log=log, stop=stop,
+               report=report)
 
 
 # --- the loop -----------------------------------------------------------------------------------------------
 
-def train_step(run: Run, batches):
-    """One optimizer step over grad_accum_steps micro-batches: the summed loss (on the device), or None when the
-    ranks agreed to stop inside it (the half-done step is dropped: a resume reads its batches again)."""
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step gives the loop; both stay on the device until a log, eval or save reads them."""
+
+    loss_sum: torch.Tensor  # the micro-steps' losses summed (their mean is loss_sum / grad_accum_steps)
+    grad_norm: torch.Tensor | float  # the gradients' total norm before clipping
+
+
+def train_step(run: Run, batches) -> StepResult | None:
+    """One optimizer step over grad_accum_steps micro-batches, or None when the ranks agreed to stop inside it
+    (the half-done step is dropped: a resume reads its batches again)."""
     import torch
 
     from utils import lm
@@ -261,13 +272,13 @@ def train_step(run: Run, batches):
             set_rng_state(start[1])
         run.optimizer.zero_grad(set_to_none=True)
         return None
-    run.grad_norm = acc.clip_grad_norm_(run.model.parameters(), tc.grad_clip)
+    grad_norm = acc.clip_grad_norm_(run.model.parameters(), tc.grad_clip)
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     if run.ema is not None:
         run.ema.update()
-    return loss_sum
+    return StepResult(loss_sum=loss_sum, grad_norm=grad_norm)
 
 
 def train(run: Run) -> str:
@@ -288,8 +299,8 @@ def train(run: Run) -> str:
         t0 = clock.time()
         if reason := run.ckpt.poll(state.step):  # too many failed saves: a stop that the vote spreads to all ranks
             run.stop.request(reason)
-        loss_sum = train_step(run, batches)
-        if loss_sum is None:
+        result = train_step(run, batches)
+        if result is None:
             break
         state.step += 1
         state.tokens_seen += tc.global_batch_tokens
@@ -306,8 +317,8 @@ def train(run: Run) -> str:
         save_due = state.step % tc.save_every == 0
         if not (log_due or eval_due or save_due):
             continue  # no host sync on other steps: the GPU keeps its queue of work
-        loss = read_loss(run, loss_sum)
-        run.report.loss_read(state.step, loss, run.scheduler.get_last_lr()[0], run.grad_norm, log_due)
+        loss = read_loss(run, result.loss_sum)
+        run.report.loss_read(state.step, loss, run.scheduler.get_last_lr()[0], result.grad_norm, log_due)
         if eval_due and (ended := evaluate(run, loss)) is not None:
             return ended
         if save_due:

@@ -60,7 +60,8 @@ class Run:
         self.tokenizer = load_tokenizer(data)
         self.metrics = MetricsWriter(log_dir, True)
         self.state = TrainerState()
-        parts = training_parts(self.scheduler, None, self.loader, self.state, self.metrics)
+        parts = training_parts(scheduler=self.scheduler, scaler=None, loader=self.loader, trainer=self.state,
+                               metrics=self.metrics)
         self.registry = Registry(self.model, self.optimizer, parts, run_config={"model": self.cfg.to_dict()},
                                  tokenizer=self.tokenizer)
 

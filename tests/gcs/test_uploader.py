@@ -58,7 +58,8 @@ class Trainer:
         self.state.step += 1
 
     def snapshot(self) -> Snapshot:
-        parts = training_parts(self.scheduler, None, self.loader, self.state, self.metrics)
+        parts = training_parts(scheduler=self.scheduler, scaler=None, loader=self.loader, trainer=self.state,
+                               metrics=self.metrics)
         registry = Registry(self.model, self.optimizer, parts, run_config=self.run_config, tokenizer=self.tokenizer)
         return registry.capture(self.state.step)
 

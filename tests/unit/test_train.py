@@ -101,8 +101,8 @@ def test_checkpoint_of_compiled_model_loads_into_plain_model(tmp_path, tiny_data
     compiled = torch.compile(model, backend="eager")  # the real inductor costs ~1 min on CPU; the wrapper is the same
     unwrapped = accelerator.unwrap_model(compiled, keep_torch_compile=False)
     loader = BlockLoader(tiny_data, "train", 16, 2)
-    parts = training_parts(build_scheduler(optimizer, 1, 10, 0.1), None, loader, TrainerState(),
-                                MetricsWriter(tmp_path, True))
+    parts = training_parts(scheduler=build_scheduler(optimizer, 1, 10, 0.1), scaler=None, loader=loader,
+                           trainer=TrainerState(), metrics=MetricsWriter(tmp_path, True))
     snap = Registry(unwrapped, optimizer.optimizer, parts, run_config={},
                     tokenizer=load_tokenizer(tiny_data)).capture(1)
     folder = tmp_path / "step-00000001"

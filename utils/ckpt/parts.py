@@ -1,6 +1,7 @@
 """The registry of a run's stateful parts, used for save and for load (the checkpoint room's bookkeeping).
 
-    parts = training_parts(scheduler, accelerator.scaler, train_loader, trainer_state, metrics, ema)
+    parts = training_parts(scheduler=scheduler, scaler=accelerator.scaler, loader=train_loader,
+                           trainer=trainer_state, metrics=metrics, ema=ema)
     registry = Registry(model, optimizer, parts, run_config=run_config, tokenizer=tokenizer)
     snapshot = registry.capture(step)        # this rank's state off the device; write it on the saver thread
     registry.load(folder)                    # every part back in place, this rank's shards through DCP
@@ -64,8 +65,9 @@ class Part:
     sharded: bool = False
 
 
-def training_parts(scheduler, scaler, loader, trainer: TrainerState, metrics, ema=None) -> dict[str, Part]:
-    """The registry of everything a resume needs besides model and optimizer: one entry per part."""
+def training_parts(*, scheduler, scaler, loader, trainer: TrainerState, metrics, ema=None) -> dict[str, Part]:
+    """The registry of everything a resume needs besides model and optimizer: one entry per part, each named by
+    its keyword (None: the run has no such part, e.g. the scaler outside fp16)."""
     return {"scheduler": Part(scheduler, in_best=False), "scaler": Part(scaler, in_best=False, required=False),
             "loader": Part(loader), "trainer": Part(trainer), "metrics": Part(metrics),
             "ema": Part(ema, sharded=True)}
