@@ -52,6 +52,15 @@ if [ "$DEV" = 1 ] && [ -f rp2040/package.json ]; then
   fi
 fi
 
+if [ "$DEV" = 1 ] && ! command -v arm-none-eabi-as >/dev/null; then
+  # Debian's ARM assembler: tests/process/test_pico_asm_build.py regenerates the Pico's machine code with it (skipped
+  # without it), and `python -m rp2040.asm_build` needs it after an edit of rp2040/asm/*.S. Never fatal.
+  echo "==> installing binutils-arm-none-eabi (apt), for rp2040/asm/*.S"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo -n"
+  { command -v apt-get >/dev/null && $sudo apt-get install -y -qq binutils-arm-none-eabi >/dev/null 2>&1; } \
+    || echo "    not installed (no apt or no root): the asm regeneration test will be skipped"
+fi
+
 .venv/bin/python - <<'PY' || die "the installed torch does not import"
 import torch
 cuda = torch.cuda.is_available()

@@ -21,7 +21,8 @@ MAX_VOCAB = 1 << 16  # vocab.bin's merges are 16-bit ids
 MAX_TOKEN_BYTES = 64
 # What a model for a board with 264 KB of RAM and 2 MiB of flash can have; a header beyond it is not a Pico model
 MAX_SIZES = {"vocab": MAX_VOCAB, "hidden": 4096, "layers": 256, "heads": 256, "inter": 16384, "context": 65536}
-NATIVE_MODULES = ("kernels_native.py", "matvec_native.py")  # viper, asm_thumb: only for a native architecture
+# viper, asm_thumb: only for a native architecture
+NATIVE_MODULES = ("kernels_native.py", "matvec_native.py", "matvec_asm.py")
 
 
 def runtime_files() -> dict[str, Path]:

@@ -64,6 +64,25 @@ def quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
+def interleavable(n_out: int, n_in: int) -> bool:
+    """Whether model.bin v4 stores an int8 [n_out, n_in] matrix 4 rows interleaved (the asm kernel's blocks)."""
+    return n_out % 4 == 0 and n_in % 8 == 0 and n_out > 0 and n_in > 0
+
+
+def interleave(q: np.ndarray) -> bytes:
+    """An int8 [n_out, n_in] matrix (n_out % 4 == 0) as v4's blocks of 4 rows: word i of block b holds rows
+    4b..4b+3 at column i (row 4b+r in byte r), each byte q + 128 (FORMAT.md)."""
+    n_out, n_in = q.shape
+    u = (q.astype(np.int16) + 128).astype(np.uint8)
+    return u.reshape(n_out // 4, 4, n_in).transpose(0, 2, 1).tobytes()
+
+
+def deinterleave(blocks: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """interleave's inverse: the int8 [n_out, n_in] matrix of v4 blocks (bytes as uint8 or int8)."""
+    u = np.asarray(blocks).view(np.uint8).reshape(n_out // 4, n_in, 4).transpose(0, 2, 1).reshape(n_out, n_in)
+    return (u.astype(np.int16) - 128).astype(np.int8)
+
+
 def _reorder_qkv(w: np.ndarray, heads: int) -> np.ndarray:
     """GPT-NeoX interleaves rows per head as (q, k, v); the file stores all q rows, then k, then v."""
     rest = w.shape[1:]

@@ -48,6 +48,19 @@ def matvec(out, w, w_off, xq, n_out, n_in, p, m_off, shift, b_off):
         k += n_in
 
 
+def matvec4(out, w, w_off, xq, n_out, n_in, p, m_off, shift, b_off):
+    """matvec's integers over weights stored 4 rows interleaved (model.bin v4): row o's byte at column i is
+    w[w_off + (o >> 2) * 4 * n_in + 4 * i + (o & 3)], holding q + 128 (read back as q = (byte & 255) - 128)."""
+    for o in range(n_out):
+        k = w_off + (o >> 2) * 4 * n_in + (o & 3)
+        acc = 0
+        for i in range(n_in):
+            acc += ((w[k + 4 * i] & 255) - 128) * xq[i]
+        y = acc * p[m_off + o]
+        y = y >> shift if shift >= 0 else y << -shift
+        out[o] = y + p[b_off + o] if b_off >= 0 else y
+
+
 def layernorm(out, x, d, p, g_off, b_off, shift, eps, bits):
     """Integer LayerNorm: out = (x - mean) / sqrt(var + eps) * gamma + beta, all in ints (FORMAT.md)."""
     s = 0
@@ -229,6 +242,6 @@ def draw(z, n, top, tau, inv_t, t, e_off, rng):
 try:
     from .kernels_native import (argmax, attend, draw, gelu, kth_largest, layernorm,  # noqa: F811
                                  quantize, rotate, store16)
-    from .matvec_native import matvec  # noqa: F811
+    from .matvec_native import matvec, matvec4  # noqa: F811
 except (ImportError, SyntaxError):
     pass  # CPython, or a port without native emitters (WebAssembly): keep the plain loops

@@ -7,6 +7,11 @@ for rows that are not word aligned and shifts outside 0..46 (benchmarks/bench_pi
 try/except by intkernels.py, as kernels_native.py is: CPython and the WebAssembly port keep the plain loop.
 """
 import micropython
+from array import array
+
+from .matvec_asm import matvec4 as asm_matvec4
+
+JOB = array("i", [0, 0, 0, 0])  # matvec4's job for the asm: dims, multipliers, biases, shift
 
 
 @micropython.asm_thumb
@@ -133,6 +138,33 @@ def matvec(out: ptr32, w: ptr8, w_off: int, xq: ptr32, n_out: int, n_in: int, p:
         requantize(out, int(uint(p)) + 4 * m_off, bias, (n_out << 16) | code)
         return
     for o in range(n_out):  # shifts beyond those fields (negative, or above 46) in viper
+        acc = out[o]
+        m = p[m_off + o]
+        hi = acc >> 15
+        lo = (acc & 32767) * m
+        if shift >= 15:
+            y = (hi * m + (lo >> 15)) >> (shift - 15)
+        else:
+            y = ((hi * m) << (15 - shift)) + (lo << (0 - shift))
+        if b_off >= 0:
+            y += p[b_off + o]
+        out[o] = y
+
+
+@micropython.viper
+def matvec4(out: ptr32, w: ptr8, w_off: int, xq: ptr32, n_out: int, n_in: int, p: ptr32, m_off: int,  # noqa: F821
+            shift: int, b_off: int):
+    # intkernels.matvec4 (4-row interleaved weights): the sums and, for shifts 0..46, the requantization in one
+    # asm_thumb call (matvec_asm.py, 3.6 cycles per multiply-add in its loop); other shifts in viper here.
+    job = ptr32(JOB)  # noqa: F821
+    job[0] = (n_out << 16) | n_in
+    job[1] = int(uint(p)) + 4 * m_off
+    job[2] = int(uint(p)) + 4 * b_off if b_off >= 0 else 0
+    job[3] = shift
+    asm_matvec4(out, uint(w) + w_off, xq, JOB)
+    if shift >= 0 and shift <= 46:
+        return
+    for o in range(n_out):  # the asm left the sums
         acc = out[o]
         m = p[m_off + o]
         hi = acc >> 15
