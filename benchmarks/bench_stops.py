@@ -23,6 +23,7 @@ os.environ.setdefault("NO_GCE_CHECK", "true")  # never probe a cloud metadata se
 os.environ.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.support.bounds import bound  # noqa: E402
 from tests.support.ranks import STUCK_PEER, start_two_ranks  # noqa: E402
 from tests.support.waits import process_state, wait_for  # noqa: E402
 from utils.errors import CliParser, PiconeoxError, at_least, cli  # noqa: E402
@@ -63,10 +64,10 @@ def stuck_peer() -> float:
     procs = start_two_ranks(STUCK_PEER)
     try:
         assert procs[1].stdout.readline() == "stuck\n"
-        wait_for("rank 1 to be stopped", lambda: process_state(procs[1].pid) == "T", timeout=120)
+        wait_for("rank 1 to be stopped", lambda: process_state(procs[1].pid) == "T", timeout=bound(60))
         procs[0].send_signal(signal.SIGTERM)
         start = time.monotonic()
-        procs[0].communicate(timeout=120)
+        procs[0].communicate(timeout=bound(60))
         return time.monotonic() - start
     finally:
         for p in procs:

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bounds import load_factor
 from tests.support.paths import SHARED_DATA, SHARED_DATA_MISSING
-from tests.support.training import LONG_RUN, one_torch_thread, run
+from tests.support.training import LONG_RUN, one_torch_thread, reset_accelerate_state, run
 
 pytest_plugins = ["tests.support.gcs_servers", "tests.support.s3_servers", "tests.support.processes",
                   "tests.support.tiers"]
@@ -70,6 +71,10 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_configure(config):
+    try:  # a bad PICONEOX_TEST_LOAD_FACTOR stops the run before any test, naming the value
+        load_factor()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
     # Single-process runs save and load DCP checkpoints without a process group on purpose.
     config.addinivalue_line("filterwarnings", "ignore:torch.distributed is disabled, unavailable or uninitialized")
 
@@ -88,13 +93,10 @@ def wandb_offline(tmp_path_factory):
 def trained(tmp_path_factory, tiny_data):
     """A 10-step run, trained once per test run: its output folder (ckpt/run/step-00000010, best/, final/ and logs).
     Shared: a test that changes it works on a copy (shutil.copytree)."""
-    from accelerate.state import AcceleratorState, GradientState
-
     out = tmp_path_factory.mktemp("trained")
     code, _, _ = run(out, tiny_data, "--max-steps", "10", "--save-every", "10", "--eval-every", "10",
                      "--sample-prompt", "")
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     assert code == 0
     return out
 
@@ -104,14 +106,11 @@ def trained_long(tmp_path_factory, tiny_data):
     """A 40-step run on one thread (LONG_RUN; run() trains on one, as the tests resuming it do: their losses must
     match exactly), trained once per test run: its output folder (ckpt/run/step-00000010 to step-00000040, best/,
     final/ and logs; val loss ~3.3, far below ln(256) = 5.5). Shared: copy it to change it."""
-    from accelerate.state import AcceleratorState, GradientState
-
     out = tmp_path_factory.mktemp("trained-long")
     try:
         code, _, _ = run(out, tiny_data, *LONG_RUN)
     finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        reset_accelerate_state()
     assert code == 0
     return out
 
@@ -119,11 +118,8 @@ def trained_long(tmp_path_factory, tiny_data):
 @pytest.fixture
 def fresh_accelerate_state():
     """Each in-process run builds its own Accelerator."""
-    from accelerate.state import AcceleratorState, GradientState
-
     yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerate_state()
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 from tests.support.training import TINY, run
 from utils.ckpt.format import check_complete, latest_complete, step_dir_name
@@ -36,7 +37,7 @@ def test_kill_9_at_five_random_points_then_resume_gives_the_uninterrupted_losses
         return int(newest.name[5:]) if newest else 0
 
     def wait_until(done, proc) -> None:
-        deadline = time.monotonic() + 360  # a hang bound: seconds here, minutes on a loaded box
+        deadline = time.monotonic() + bound(180)  # a hang bound: seconds here, minutes on a loaded box
         while not done():
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
             time.sleep(0.01)

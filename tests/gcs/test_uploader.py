@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from configs.model import ModelConfig, build_model
+from tests.support.bounds import bound
 from tests.support.training import run
 from utils.ckpt.format import MARKER, check_complete, read_marker, step_dir_name, step_folders
 from utils.ckpt.load import load_model, read_part
@@ -158,7 +159,7 @@ def test_background_upload_marker_last_and_bytes_equal(trainer, tmp_path, fake_g
     with CheckpointUploader(store, keep_remote=2, keep_local=2) as uploader:
         trainer.step()
         uploader.submit(SaveRequest(trainer.snapshot(), run_dir / "step-00000001"))
-        assert uploader.flush(timeout=240)
+        assert uploader.flush(timeout=bound(120))
         [result] = uploader.poll()
     assert result.ok and result.uploaded_to == f"{fake_gcs.url('ckpt')}/run/step-00000001"
     local = run_dir / "step-00000001"
@@ -197,7 +198,7 @@ def test_keeps_last_n_remote_and_local_and_ignores_incomplete(trainer, tmp_path,
             trainer.step()
             trainer.step()
             uploader.submit(SaveRequest(trainer.snapshot(), run_dir / step_dir_name(trainer.state.step)))
-            assert uploader.flush(timeout=240)
+            assert uploader.flush(timeout=bound(120))
         assert all(r.ok for r in uploader.poll())
     steps = remote_steps(store)
     assert steps == {8: True, 10: True}  # older complete ones pruned, the partial one too (older than step 2)
@@ -212,7 +213,7 @@ def test_server_killed_during_upload_training_goes_on(trainer, tmp_path, emulato
     with uploader:
         trainer.step()
         uploader.submit(SaveRequest(trainer.snapshot(), run_dir / "step-00000001"))
-        assert uploader.flush(timeout=240) and uploader.poll()[0].ok
+        assert uploader.flush(timeout=bound(120)) and uploader.poll()[0].ok
         assert latest_loads(store, tmp_path / "cache") == 1
 
         store.arm(at=3)  # the server dies before the 3rd file of step 2
@@ -234,7 +235,7 @@ def test_server_killed_during_upload_training_goes_on(trainer, tmp_path, emulato
         trainer.state.step = 2
         trainer.step()
         uploader.submit(SaveRequest(trainer.snapshot(), run_dir / "step-00000003"))
-        assert uploader.flush(timeout=240)
+        assert uploader.flush(timeout=bound(120))
         [ok] = uploader.poll()
     assert ok.ok and uploader.consecutive_failures == 0 and uploader.failures == 1
     assert latest_loads(store, tmp_path / "cache") == 3
@@ -252,7 +253,7 @@ def test_dead_server_backpressure_then_fatal(trainer, tmp_path, emulator, caplog
             uploader.submit(SaveRequest(trainer.snapshot(), run_dir / step_dir_name(trainer.state.step)))
             assert uploader.pending() <= 2
         assert [r.step for r in uploader.poll()] == [1]  # the third got its slot only once the first was over
-        assert uploader.flush(timeout=240)
+        assert uploader.flush(timeout=bound(120))
         assert "flush checkpoints" in capsys.readouterr().err  # the progress line
         results = uploader.poll()
     assert [r.step for r in results] == [2, 3] and all("upload failed" in r.error for r in results)
@@ -270,11 +271,11 @@ def test_close_at_a_deadline_cancels_instead_of_waiting(trainer, tmp_path, emula
     uploader.submit(SaveRequest(trainer.snapshot(), tmp_path / "step-00000001"))
     start = time.monotonic()
     assert uploader.close(timeout=0.2) is False
-    assert time.monotonic() - start < 60  # a hang bound only
+    assert time.monotonic() - start < bound(30)  # a hang bound only
     assert "was still saving when the time ran out" in caplog.text  # it cut the upload short, not waited for it
     thread = next(t for t in threading.enumerate() if t.name == "checkpoint-uploader")
     assert not thread.daemon  # an interpreter exit waits for it ...
-    thread.join(timeout=60)  # a hang bound: ... and it ends once its storage call gives up
+    thread.join(timeout=bound(30))  # a hang bound: ... and it ends once its storage call gives up
     assert not thread.is_alive() and not uploader.poll()[0].ok
     emulator.start()
 

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.cli import assert_error_line
 from tests.support.paths import REPO
 from utils.errors import PiconeoxError
 
 
-def cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=REPO, timeout=timeout,
+def cli(*argv: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=REPO,
+                          timeout=bound(60) if timeout is None else timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -48,7 +50,7 @@ def test_one_long_line_is_encoded_in_bounded_memory(tmp_path):
     code = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
             "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)")
     proc = cli("-c", code, sys.executable, "prepare_data.py", str(tmp_path / "long.txt"), "--name", "long",
-               "--out-dir", str(tmp_path / "data"), "--workers", "1", "--val-fraction", "0", timeout=300)
+               "--out-dir", str(tmp_path / "data"), "--workers", "1", "--val-fraction", "0", timeout=bound(150))
     rc, peak_mb = map(int, proc.stdout.split()[-2:])
     assert rc == 0 and peak_mb < 400, (peak_mb, proc.stderr[-2000:])  # measured: ~180 MB (main: ~1,000 MB)
 
@@ -84,7 +86,7 @@ def test_a_fifo_in_a_local_bucket_or_an_input_glob_is_refused(tmp_path, tiny_dat
     bucket = Path(shutil.copytree(tiny_data, tmp_path / "bucket"))
     os.mkfifo(bucket / "extra.bin")
     proc = cli("download_training_data.py", "--source", str(bucket), "--dest", str(tmp_path / "dest"), "--quiet",
-               timeout=60)
+               timeout=bound(30))
     assert proc.returncode == 1 and "failed: extra.bin" in proc.stderr and "not a regular file" in proc.stderr
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt").write_text("text\n")

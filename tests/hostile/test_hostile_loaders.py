@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.bounds import bound
 from tests.support.hostile_pickles import in_child, torch_zip
 from tests.support.payloads import Payload, torch_bytes
 from tests.support.training import run
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
 
 STEP = "step-00000010"
 EXTRA_MEMORY = 3 << 30
-DEADLINE = 90  # seconds: a refusal takes a few; an unguarded loader hangs for minutes
+DEADLINE = bound(45)  # seconds: a refusal takes a few; an unguarded loader hangs for minutes
 
 
 def bounded(call, deadline: float = DEADLINE, nofile: int | None = None) -> tuple[int | str, str]:

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.hostile_pickles import long_walk, torch_zip
 
 REPO = Path(__file__).resolve().parents[2]
 MARGIN = 512 << 20
-HANG = 120  # seconds: the walk and unpickling of this input alone take 20+ s; only a hang reaches the bound
+HANG = bound(60)  # seconds: the walk and unpickling of this input alone take 20+ s; only a hang reaches the bound
 CHILD = """
 import resource, signal, sys
 from pathlib import Path

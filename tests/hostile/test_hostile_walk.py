@@ -7,12 +7,13 @@ import pickle
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.hostile_pickles import (big_bytes_pickle, colliding_dict, in_child, mark_tuple_pairs,
                                            objects_left_on_the_stack, torch_zip)
 from utils.errors import PiconeoxError
 
 MARGIN = 512 << 20  # what the walk and the refusal may take beyond the input itself
-HANG = 120  # seconds: only a hang reaches it
+HANG = bound(60)  # seconds: only a hang reaches it
 
 
 def refused(data: bytes, *words, check="check_pickle"):

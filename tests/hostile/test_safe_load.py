@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 from tests.support.payloads import Payload, torch_bytes
 from tests.support.training import run
@@ -185,6 +186,6 @@ vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("
 resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), vm + (512 << 20)))  # half of what the old read reserved
 print(len(SafeFileSystemReader({str(trained / "ckpt" / "run" / STEP)!r}).read_metadata().state_dict_metadata))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=bound(60),
                           cwd=REPO)
     assert proc.returncode == 0 and int(proc.stdout) > 0, proc.stderr[-2000:]

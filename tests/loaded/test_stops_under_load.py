@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.loaded import (ROUNDS, Failed, Stop, all_at_once, carry_on, ended, output, paused, start,
                                   training, tree, wait_for)
 from tests.support.paths import REPO
@@ -94,7 +95,7 @@ with runlock.holding(sys.argv[1], "r", "train.py"):
 def prepare_without_locks(work):
     work.mkdir(parents=True)
     return work, subprocess.run([sys.executable, "-c", NO_LOCKS, str(work)], cwd=REPO, capture_output=True,
-                                text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+                                text=True, timeout=bound(300), env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 LAUNCHER_MOMENTS = {  # when the Ctrl-C reaches start_training.sh alone: inside its checks, or just after the launch

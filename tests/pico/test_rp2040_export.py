@@ -12,6 +12,7 @@ from rp2040.runtime.gpt import GPT
 from rp2040.runtime.modelfile import FormatError
 from rp2040.runtime.tokenizer import StreamDecoder, Tokenizer
 from rp2040.vocab_bin import Vocab
+from tests.support.bounds import bound
 from tests.support.cli import call_cli
 from tests.support.paths import REPO
 from utils.ckpt.format import manifest, write_marker
@@ -166,7 +167,7 @@ def test_run_says_why_it_stopped_and_escapes_control_characters(tmp_path):
     context = json.loads((tmp_path / "m" / "config.json").read_text())["shape"]["context"]
     r = subprocess.run([sys.executable, "-m", "rp2040.run", str(tmp_path / "m"), "--prompt", "\x1b[2JHi",
                         "--max-new-tokens", "100000", "--temperature", "0"], capture_output=True, text=True,
-                       cwd=REPO, timeout=300)
+                       cwd=REPO, timeout=bound(150))
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stdout and r.stdout.startswith("\\x1b[2JHi")
     assert f"stopped after {context - 6} of 100000 tokens: the model's context is {context} tokens (6 of the prompt" \

@@ -21,6 +21,7 @@ from rp2040.export import export
 from rp2040.flash import BOARD_SCRIPT, STAGE
 from rp2040.runtime.tokenizer import StreamDecoder, Tokenizer
 from rp2040.serve import EmulatedPico
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 from tests.support.rp2040_models import wide_init
 from utils.data.tokenizers import build_tokenizer, save_tokenizer
@@ -57,12 +58,12 @@ def pico():
 
 def flash(model_dir: Path, port: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rp2040.flash", str(model_dir), "--mpy", "--prompt", PROMPT,
-                           "--port", port, *extra], capture_output=True, text=True, cwd=REPO, timeout=300)
+                           "--port", port, *extra], capture_output=True, text=True, cwd=REPO, timeout=bound(150))
 
 
 def mpremote(port: str, *args: str) -> str:
     r = subprocess.run([sys.executable, "-m", "mpremote", "connect", port, *args], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=bound(60))
     assert r.returncode == 0, r.stderr
     return r.stdout
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from rp2040 import emulate
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.skipif(emulate.unavailable() is not None, reason=str(emulate.unavailable()))
@@ -25,10 +26,10 @@ def test_serve_with_stdin_closed_keeps_the_board_until_sigterm():
         proc.stdout.readline()  # "type reset + Enter ..."
         closed = proc.stdout.readline()  # EOF here (the server gone) before the fix
         assert closed.startswith("stdin closed: serving until Ctrl-C or SIGTERM"), closed + proc.stderr.read()
-        with socket.create_connection(("127.0.0.1", port), timeout=30):  # the board still answers
+        with socket.create_connection(("127.0.0.1", port), timeout=bound(15)):  # the board still answers
             assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        assert proc.wait(timeout=bound(30)) == 0, proc.stderr.read()
     finally:
         proc.kill()
         proc.wait()

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.cli import assert_one_error_line, binary_file, run_cli_cases
 from tests.support.paths import REPO
 from tests.support.rp2040_models import uf2_block
-from tests.support.training import TINY
+from tests.support.training import TINY, reset_accelerate_state
 from tests.support.waits import wait_for
 
 
@@ -273,11 +274,11 @@ def test_ctrl_c_during_prepare_stops_at_once_and_keeps_the_old_dataset(tmp_path,
     reader = threading.Thread(target=read_stderr)
     reader.start()
     wait_for(f"prepare_data.py to print {busy_when!r}", lambda: busy_when.encode() in err or proc.poll() is not None,
-             timeout=480)
+             timeout=bound(240))
     time.sleep(delay)  # deeper into the work: any moment of it is a fair place for a Ctrl-C
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
     try:  # a hang bound; that the Ctrl-C ended it, not the end of the work, shows in the old dataset kept below
-        proc.wait(timeout=120)
+        proc.wait(timeout=bound(60))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("prepare_data.py still running 120 s after Ctrl-C")
@@ -303,7 +304,7 @@ def test_ctrl_c_ends_a_cli_at_once_beside_native_work_it_cannot_stop(tmp_path):
                       "    print('output so far', end='')  # still flushed\n"
                       "    raise KeyboardInterrupt\n"
                       "sys.exit(main())\n")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=bound(120),
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert (proc.returncode, proc.stdout, proc.stderr) == (130, "output so far", "error: interrupted\n")
 
@@ -323,7 +324,7 @@ def test_ctrl_c_ends_a_cli_at_once_beside_native_work_it_cannot_stop(tmp_path):
 ])
 def test_shell_clis_refuse_bad_values_with_one_line(tmp_path, script, args, message):
     proc = subprocess.run(["bash", str(REPO / script), *args], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120,
+                          timeout=bound(60),
                           env={**os.environ, "PICONEOX_FAKE_GPUS": "0"})
     assert_one_error_line(proc.returncode, proc.stderr, message, script)
     assert len(proc.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
@@ -359,8 +360,6 @@ def files_below(*roots):
 def finished_run(tmp_path_factory, tiny_data):
     """A 2-step run `r` (step-00000002, best, final) and the flags every refusal below shares. Trained once: each
     test below asserts that its refusals leave these files byte for byte as they were."""
-    from accelerate.state import AcceleratorState, GradientState
-
     import train
 
     root = tmp_path_factory.mktemp("finished")
@@ -370,8 +369,7 @@ def finished_run(tmp_path_factory, tiny_data):
         assert train.main([*TINY, *common, "--data", str(tiny_data), "--run-name", "r", "--max-steps", "2",
                            "--eval-every", "2", "--save-every", "2"]) == 0
     finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        reset_accelerate_state()
     return ckpt, logs, common
 
 
@@ -385,8 +383,6 @@ def test_refusals_after_the_checks_exit_2_and_take_back_what_they_created(tmp_pa
                                                                          finished_run, capsys, monkeypatch):
     """The 11 refusals that used to exit 1 (and leave checkpoints/<run>/ and a training.log
     that then blocked the corrected command). Here in-process; the launcher passes each on as exit 2 (next test)."""
-    from accelerate.state import AcceleratorState, GradientState
-
     import train
 
     ckpt, logs, common = finished_run
@@ -426,8 +422,7 @@ def test_refusals_after_the_checks_exit_2_and_take_back_what_they_created(tmp_pa
             for k, v in env.items():
                 m.delenv(k, raising=False) if v is None else m.setenv(k, v)
             code = train.main([*TINY[:2], *common, *argv])
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        reset_accelerate_state()
         assert_one_error_line(code, capsys.readouterr().err, message, " ".join(argv))
         assert_nothing_left(ckpt, logs, before, " ".join(argv))
 
@@ -450,7 +445,7 @@ def test_the_launcher_exits_2_with_the_workers_one_line(tmp_path, tiny_data, fin
             continue  # 3 micro batches divide over one process
         proc = subprocess.run(["bash", str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs",
                                str(procs), "--", *common, *argv], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=600, env=env)
+                              timeout=bound(300), env=env)
         assert_one_error_line(proc.returncode, proc.stderr, message, f"--procs {procs} {' '.join(argv)}")
         assert "ChildFailedError" not in proc.stderr and "CalledProcessError" not in proc.stderr, proc.stderr
         assert_nothing_left(ckpt, logs, before, " ".join(argv))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.cli import assert_one_error_line, run_cli_cases
 from tests.support.paths import REPO
 
@@ -16,7 +17,7 @@ LAUNCHER = REPO / "start_training.sh"
 def launch(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k not in ("PICONEOX_FAKE_GPUS", "GLOO_SOCKET_IFNAME")}
     return subprocess.run(["bash", str(LAUNCHER), *args], cwd=cwd, env={**clean, **env}, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=bound(60))
 
 
 def test_script_mistakes_are_one_line_before_any_work(tmp_path):
@@ -89,7 +90,7 @@ def test_consolidate_on_a_full_disk_is_one_line_and_leaves_nothing(trained, tmp_
         pytest.skip(f"a full disk is a small tmpfs, and mounting one needs root (mount said: {mount.stderr.strip()})")
     try:
         proc = subprocess.run([sys.executable, "-m", "utils.consolidate", str(trained / "ckpt" / "run" / "final"),
-                               "--out", str(disk / "hf")], cwd=REPO, capture_output=True, text=True, timeout=120,
+                               "--out", str(disk / "hf")], cwd=REPO, capture_output=True, text=True, timeout=bound(60),
                               env={**os.environ, "PYTHONPATH": str(REPO)})
         assert_one_error_line(proc.returncode, proc.stderr, f"no space left in {disk}: --out {disk / 'hf'}")
         assert list(disk.iterdir()) == []

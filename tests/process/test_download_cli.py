@@ -5,13 +5,14 @@ import sys
 import pytest
 
 import download_training_data as cli
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
     """The script in a fresh interpreter (inherits this test's STORAGE_EMULATOR_HOST)."""
     return subprocess.run([sys.executable, str(REPO / "download_training_data.py"), *args, "--quiet"],
-                          capture_output=True, text=True, timeout=240, cwd=REPO)
+                          capture_output=True, text=True, timeout=bound(120), cwd=REPO)
 
 
 def test_download_then_rerun_in_a_real_process(gcs_emulator, text_tree, tmp_path):

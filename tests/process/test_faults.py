@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -48,7 +49,8 @@ def test_a_full_checkpoint_disk_ends_the_run_with_one_line_and_keeps_the_last_ch
     ckpt = small_disk("14m")
     proc = subprocess.run([sys.executable, "train.py", "--data", str(tiny_data), "--max-steps", "8",
                            "--save-every", "2", "--eval-every", "100", "--output-dir", str(ckpt), "--log-dir",
-                           str(tmp_path / "logs")], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=480)
+                           str(tmp_path / "logs")], cwd=REPO, env=ENV, capture_output=True, text=True,
+                          timeout=bound(240))
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = one_error_line(proc)
     run_dir = ckpt / "test-demo-byte-p5"
@@ -79,7 +81,7 @@ for what, write in [("plot", lambda: MetricsWriter({str(disk)!r}, True, ()).plot
         print(what, e)
 """
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=ENV, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=bound(60))
     assert "Traceback" not in proc.stderr and "Logging error" not in proc.stderr, proc.stderr
     assert f"plot no space left in {disk}: the loss plot loss.png" in proc.stdout, proc.stdout
     assert f"log no space left in {disk}: training.log" in proc.stdout, proc.stdout
@@ -87,7 +89,7 @@ for what, write in [("plot", lambda: MetricsWriter({str(disk)!r}, True, ()).plot
     (disk / "filler").write_bytes(b"x" * (64 * 1024 - 8192))
     proc = subprocess.run([sys.executable, "prepare_data.py", "demo", "--name", "d", "--out-dir", str(disk),
                            "--tokenizer", "byte", "--dataset-percent", "5"], cwd=REPO, env=ENV, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=bound(60))
     assert proc.returncode == 2
     assert f"no space left in {disk}: dataset d" in one_error_line(proc)
     assert sorted(p.name for p in disk.iterdir()) == ["filler", "training.log"]  # nothing of the dataset
@@ -101,7 +103,7 @@ def test_an_interrupt_under_the_launcher_is_130_and_one_line(tmp_path):
                       "    raise KeyboardInterrupt\n\nsys.exit(main())\n")
     proc = subprocess.run([sys.executable, str(REPO / "utils" / "launch.py"), "--cpu", "--num_processes", "1",
                            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(worker)],
-                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=bound(60))
     assert proc.returncode == 130 and one_error_line(proc) == "error: interrupted", proc.stderr[-2000:]
 
 
@@ -121,7 +123,7 @@ def test_ctrl_c_stops_the_benchmark_script_instead_of_running_the_next_command(t
             os.killpg(proc.pid, 2)
             break
     rest = proc.stdout.read()
-    assert proc.wait(timeout=120) == 130, "".join(seen) + rest
+    assert proc.wait(timeout=bound(60)) == 130, "".join(seen) + rest
     assert "SIGINT received" in rest and "piconeox shakespeare-char:" not in rest, rest  # no scoring after it
     assert "continue this run: the same command plus --resume auto" in rest, rest  # the next: block
     assert rest.strip().endswith("error: interrupted") and "Traceback" not in rest, rest
@@ -229,7 +231,7 @@ def test_the_printed_next_commands_run_from_another_folder_with_spaces_and_non_a
     elsewhere.mkdir()
     assert line.endswith(" --max-new-tokens 200")  # shortened below; a bare "200" may be in pytest's tmp path
     proc = subprocess.run(["bash", "-c", line.removesuffix("200") + "3"], cwd=elsewhere, env=ENV, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=bound(60))
     assert proc.returncode == 0 and proc.stdout.startswith("Once upon a time"), (line, proc.stderr[-2000:])
 
 

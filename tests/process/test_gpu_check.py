@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 from tests.support.waits import command_line, wait_for
 
@@ -15,7 +16,7 @@ def test_cpu_smoke_runs_every_stage_with_the_gpu_keys(tmp_path):
     from benchmarks.gpu_results import KEYS
 
     proc = subprocess.run([str(REPO / "benchmarks" / "gpu_check.sh"), "all", "--cpu-smoke", "--out", "out"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=bound(450))
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "out"
     assert not (out / "out").exists()
@@ -76,7 +77,7 @@ def test_a_run_past_its_limit_is_an_ok_false_line_and_nothing_of_it_is_left(tmp_
     # on a quiet box that refusal can come before 0.3 s; killed or refused, the resume compares nothing
     ended = "past its limit of 0.3 s" in captured.err or (run and "has no COMPLETE marker" in captured.err)
     assert ended and "Traceback" not in captured.err, captured.err
-    wait_for("every process of the killed run to be gone", lambda: not processes_naming(str(out)), timeout=60)
+    wait_for("every process of the killed run to be gone", lambda: not processes_naming(str(out)), timeout=bound(30))
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this box has a CUDA GPU")
@@ -108,7 +109,7 @@ def test_every_stage_refuses_a_bad_argument_in_one_line(tmp_path, capsys, args, 
 
 def test_the_save_stage_with_one_step_is_one_line_from_the_script(tmp_path):
     proc = subprocess.run([str(REPO / "benchmarks" / "gpu_check.sh"), "save", "--steps", "1", "--cpu-smoke", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=300)
+                           str(tmp_path)], capture_output=True, text=True, timeout=bound(150))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("error: --steps 1: the save stage needs an even number of at least 2"), proc.stderr
 
@@ -136,11 +137,11 @@ def test_a_parent_package_without_the_module_is_not_importable():
 ])
 def test_gpu_wheels_refuses_bad_options_in_one_line(args, message):
     proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_wheels.sh"), *args], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=bound(60))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
 
 
 def test_gpu_mode_refuses_without_cuda_in_one_line(tmp_path):
     proc = subprocess.run([str(REPO / "benchmarks" / "gpu_check.sh"), "train", "--out", str(tmp_path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=bound(60))
     assert proc.returncode == 2 and proc.stderr.startswith("error: torch sees no CUDA GPU"), proc.stderr

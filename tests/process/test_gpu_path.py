@@ -3,6 +3,7 @@ what the launcher sets up for multi-node gloo groups."""
 import subprocess
 import sys
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 from tests.support.training import TINY
 
@@ -32,7 +33,7 @@ assert not [m for m in sys.modules if m.startswith(("google.cloud", "google.auth
 assert "google_crc32c" in sys.modules  # the one Google package a run needs (see BLOCK_GCS)
 sys.exit(code)
 """
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=bound(150))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "ckpt" / "run" / "final" / "COMPLETE").is_file()
 
@@ -50,7 +51,7 @@ assert code == 0, code
 heavy = [m for m in ("torch", "transformers", "accelerate") if m in sys.modules]
 assert not heavy, f"the preflight imported {{heavy}}"
 """
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=bound(150))
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

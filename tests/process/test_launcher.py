@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 from tests.support.waits import running, wait_for
 from tests.support.signals import hangup_as_on_a_terminal
@@ -19,7 +20,7 @@ def dry_run(*args: str, fake_gpus: int | None = None) -> subprocess.CompletedPro
     if fake_gpus is not None:
         env["PICONEOX_FAKE_GPUS"] = str(fake_gpus)
     return subprocess.run(["bash", str(LAUNCHER), "--dry-run", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+                          timeout=bound(60))
 
 
 def parse_line(line: str):
@@ -94,12 +95,12 @@ def test_gpus_asked_but_torch_sees_none_is_an_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PICONEOX_FAKE_GPUS"}
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     result = subprocess.run(["bash", str(LAUNCHER), "--dry-run", "--config", "small", "--gpus", "2"],
-                            capture_output=True, text=True, env=env, timeout=240)
+                            capture_output=True, text=True, env=env, timeout=bound(120))
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == ("error: --gpus 2 asked but nvidia-smi lists 2 GPU(s) but torch sees none: install the "
                              "CUDA build of torch (README: GPU machines); use --gpus 0 to train on the CPU\n")
     default = subprocess.run(["bash", str(LAUNCHER), "--dry-run", "--config", "small"], capture_output=True, text=True,
-                             env=env, timeout=240)
+                             env=env, timeout=bound(120))
     assert default.returncode == 0 and parse_line(default.stdout.strip())[1].cpu  # no --gpus: what torch sees
 
 
@@ -289,7 +290,7 @@ def start(sandbox, *args, extra=()):
 
 def test_procs_2_really_starts_two_ranks_in_one_process_group(sandbox):
     proc = start(sandbox, "--gpus", "0", "--procs", "2", extra=["--distributed"])
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=bound(60))
     assert proc.returncode == 0, err
     ranks = sorted((sandbox / "out").glob("rank-*"))
     assert [r.read_text() for r in ranks] == ["0 2 cpu 2 1", "1 2 cpu 2 1"]
@@ -304,14 +305,15 @@ def test_signal_reaches_the_training_processes_and_the_launcher_waits_for_their_
         assert proc.poll() is None, proc.stderr.read()  # the launcher ended before train.py started
         return all(f.exists() for f in pid_files)
 
-    wait_for("train.py to start", started, timeout=240)
+    wait_for("train.py to start", started, timeout=bound(120))
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)  # a generous bound: it asserts the clean exit, not its speed
+    _, err = proc.communicate(timeout=bound(60))  # a generous bound: it asserts the clean exit, not its speed
     # the launcher returned only after each trainer's 1 s "save", with exit code 0 and no traceback
     assert [(sandbox / "out" / f"signal-{rank}").read_text() for rank in range(procs)] == [str(int(sig))] * procs
     assert proc.returncode == 0 and "Traceback" not in err, err
     # no orphan left behind (huggingface/accelerate#929): an orphan sleeps on for 600 s, far past this hang bound
-    wait_for("every train.py to end", lambda: not any(running(int(f.read_text())) for f in pid_files), timeout=120)
+    wait_for("every train.py to end", lambda: not any(running(int(f.read_text())) for f in pid_files),
+             timeout=bound(60))
 
 
 def test_user_mistakes_stop_at_the_preflight_with_one_line(tmp_path):
@@ -321,7 +323,7 @@ def test_user_mistakes_stop_at_the_preflight_with_one_line(tmp_path):
                            (["--config", "test", "--", "--resume", str(tmp_path / "run")],
                             "no such checkpoint or run directory")):
         proc = subprocess.run([str(REPO / "start_training.sh"), "--gpus", "0", *extra], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=bound(60))
         assert proc.returncode == 2
         assert proc.stderr.startswith("error: ") and message in proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
@@ -336,7 +338,7 @@ def test_gs_settings_are_refused_before_the_launch(tmp_path):
         (["--", "--checkpoint-bucket", "gs://x/ckpt"], "bad bucket name 'x'"),
     ):
         proc = subprocess.run([str(LAUNCHER), "--config", "test", "--gpus", "0", "--procs", "2", *extra], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=bound(60))
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.startswith("error: ") and message in proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
@@ -345,7 +347,7 @@ def test_gs_settings_are_refused_before_the_launch(tmp_path):
 def test_gpu_check_without_a_stage_is_one_line():
     # the CUDA refusal itself: tests/process/test_gpu_check.py::test_gpu_mode_refuses_without_cuda_in_one_line
     proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=bound(60))
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith(
         "error: stage '' is not one of: env, kernels, train, save, resume, fsdp, fsdp-resume, all")

@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 
 SCHEDULER = ("SLURM_", "PET_", "MASTER_", "WORLD_SIZE", "RANK", "NODE_RANK", "JOB_COMPLETION_INDEX", "OMP_NUM_THREADS",
@@ -17,7 +18,7 @@ PYTORCHJOB = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "23456", "WORLD_SIZE": 
 def dry_run(env: dict, *args: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(SCHEDULER)}
     return subprocess.run(["bash", str(REPO / "start_training.sh"), "--dry-run", "--config", "test", *args],
-                          capture_output=True, text=True, env={**clean, **env}, timeout=60)
+                          capture_output=True, text=True, env={**clean, **env}, timeout=bound(30))
 
 
 def accelerate_flags(result: subprocess.CompletedProcess) -> dict[str, str]:

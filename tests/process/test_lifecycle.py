@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import termios
@@ -17,8 +16,8 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 from tests.support.ranks import STUCK_PEER, start_two_ranks
 from tests.support.signals import hangup_as_on_a_terminal
@@ -70,95 +69,11 @@ def saved(folder: Path) -> bool:
         return False
 
 
-# --- the lock itself -------------------------------------------------------------------------------------
-
-HOLD = "import sys, time\nfrom utils.run import runlock\nwith runlock.holding(sys.argv[1], 'r', 'train.py'):\n" \
-       "    print('held', flush=True)\n    time.sleep(120)\n"
-
-
-def test_a_live_lock_refuses_a_second_writer_and_a_dead_ones_lock_is_taken_over(tmp_path, monkeypatch):
-    for var in (runlock.OWNER_ENV, runlock.MACHINE_ENV, "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(var, raising=False)
-    other = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    assert other.stdout.readline() == "held\n"
-    path = runlock.lock_path(tmp_path, "r")
-    assert path == tmp_path / ".locks" / "r.lock"  # beside the run folders, not inside one
-    with pytest.raises(runlock.RunLocked, match=rf"^run r is still being written by pid {other.pid} \(train.py\) on "
-                                                rf"{HOST} \(lock {path}\); stop it first"):
-        runlock.hold(path, "r", "train.py")
-    other.kill()
-    other.wait()
-    warnings = []
-    me = runlock.hold(path, "r", "train.py", warn=warnings.append)
-    assert warnings == [f"run r: taking over the lock {path} left by pid {other.pid} (train.py) on {HOST}, "
-                        "no longer running"]
-    assert [h["pid"] for h in lock_holders_at(path)] == [os.getpid()]
-    runlock.release(path, me)
-    assert not path.parent.exists()  # the last holder removes it (and the .locks folder, now empty)
-
-
-RACE = "import sys, time\nfrom utils.run import runlock\ntry:\n" \
-       "    runlock.hold(runlock.lock_path(sys.argv[1], 'r'), 'r', 'train.py')\n" \
-       "except runlock.RunLocked:\n    sys.exit(2)\nsys.stdin.read()\n"  # the winner holds it until stdin closes
-
-
-def test_of_eight_processes_that_take_one_lock_at_once_exactly_one_wins(tmp_path):
-    racers = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path)], cwd=REPO, stdin=subprocess.PIPE)
-              for _ in range(8)]
-    # the winner holds the lock until every other racer has ended: none can find it released and take it over
-    wait_for("seven racers to end", lambda: sum(p.poll() is not None for p in racers) >= 7, timeout=240)
-    for p in racers:
-        p.stdin.close()
-    codes = [p.wait(timeout=240) for p in racers]
-    assert sorted(codes) == [0] + [2] * 7
-    winner = racers[codes.index(0)].pid
-    assert [h["pid"] for h in lock_holders_at(tmp_path / ".locks" / "r.lock")] == [winner]
-
-
-def test_the_lock_flocks_a_regular_file_open_for_writing_as_nfs_needs(tmp_path, monkeypatch):
-    """NFS emulates flock with byte-range locks: a directory, or a file open read-only, fails there (EBADF)."""
-    locked, real_flock = [], fcntl.flock
-
-    def flock(fd, op):
-        locked.append((os.fstat(fd).st_mode, fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE))
-        return real_flock(fd, op)
-    monkeypatch.setattr(fcntl, "flock", flock)
-    with runlock.holding(tmp_path, "r", "train.py"):
-        pass
-    assert locked and all(stat.S_ISREG(mode) and access == os.O_RDWR for mode, access in locked), locked
-    assert not (tmp_path / ".locks").exists()  # the guard file goes with the last lock
-
-
-NO_LOCKS = "import errno, fcntl, sys\nfrom utils.run import runlock\n" \
-           "def flock(fd, op):\n    raise OSError(getattr(errno, sys.argv[2]), 'No locks available')\n" \
-           "fcntl.flock = flock\npath = runlock.lock_path(sys.argv[1], 'r')\ntry:\n" \
-           "    runlock.hold(path, 'r', 'train.py')\nexcept runlock.RunLocked:\n    print('refused')\n" \
-           "path.unlink()\nwith runlock.holding(sys.argv[1], 'r', 'train.py'):\n    print('held')\n"
-
-
-@pytest.mark.parametrize("code", ["ENOLCK", "EBADF", "ENOSYS", "EOPNOTSUPP"])
-def test_a_filesystem_without_locks_gets_one_warning_line_and_the_run_goes_on(tmp_path, code):
-    """flock failing the NFS (ENOLCK, EBADF) or Lustre (ENOSYS) way: no traceback, the lock file still works."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PICONEOX_") and k != "TORCHELASTIC_RUN_ID"}
-    runlock.lock_path(tmp_path, "r").parent.mkdir()
-    runlock._write(runlock.lock_path(tmp_path, "r"), [runlock.Holder.of(os.getpid(), "train.py")])  # a live run
-    done = subprocess.run([sys.executable, "-c", NO_LOCKS, str(tmp_path), code], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0 and done.stdout == "refused\nheld\n", done.stderr
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"warning: {tmp_path / '.locks'} has no file "
-                                                                   "locks ("), done.stderr
-    assert not (tmp_path / ".locks").exists()
-
-
-def lock_holders_at(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def test_two_launchers_at_once_one_wins_the_other_exits_2_before_the_launch(tmp_path, tiny_data):
     cmds = [launcher_cmd(tmp_path, tiny_data, 1, "--max-steps", "3") for _ in range(2)]
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launcher_env())
              for c in cmds]
-    results = sorted(((*p.communicate(timeout=300), p.returncode) for p in procs), key=lambda r: r[2])
+    results = sorted(((*p.communicate(timeout=bound(150)), p.returncode) for p in procs), key=lambda r: r[2])
     results = [(code, out, err) for out, err, code in results]
     (won, won_out, won_err), (lost, lost_out, lost_err) = results
     assert won == 0, won_err
@@ -179,14 +94,15 @@ def test_launcher_killed_the_run_saves_and_stops_and_a_restart_meanwhile_is_refu
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=launcher_env())
     pids = wait_for("two ranks training", lambda: training(tmp_path, 2))
     assert pids[0] == first.pid
-    again = subprocess.run([*cmd, "--resume", "auto"], capture_output=True, text=True, env=launcher_env(), timeout=300)
+    again = subprocess.run([*cmd, "--resume", "auto"], capture_output=True, text=True, env=launcher_env(),
+                           timeout=bound(150))
     assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
     listed = ", ".join(f"{p} ({role})" for p, role in zip(pids, ["start_training.sh", "rank 0", "rank 1"]))
     assert again.stderr.startswith(f"error: run r is still being written by pids {listed} on {HOST}")
 
     first.kill()  # SIGKILL: no trap runs, nothing is forwarded by the launcher
     try:  # a hang bound: past the grace a rank ends itself without saving, which the log below would show
-        wait_for("the ranks to stop", lambda: not any(alive(p) for p in pids[1:]), timeout=grace * 5)
+        wait_for("the ranks to stop", lambda: not any(alive(p) for p in pids[1:]), timeout=bound(grace * 2.5))
     finally:
         log = (tmp_path / "logs" / "r" / "training.log").read_text()
     assert "did not finish within --grace-seconds" not in log, (  # within the grace: the save, not the deadline
@@ -197,7 +113,7 @@ def test_launcher_killed_the_run_saves_and_stops_and_a_restart_meanwhile_is_refu
     assert lock_holders(tmp_path) == []  # the last rank to leave removed the lock
 
     resumed = subprocess.run([*cmd[:-4], "--max-steps", str(step + 2), "--resume", "auto"], capture_output=True,
-                             text=True, env=launcher_env(), timeout=300)
+                             text=True, env=launcher_env(), timeout=bound(150))
     assert resumed.returncode == 0, resumed.stderr
     assert f"at step {step} " in (tmp_path / "logs" / "r" / "training.log").read_text().split("resumed from")[1]
 
@@ -221,12 +137,12 @@ def test_closing_the_terminal_stops_the_run_cleanly(tmp_path, tiny_data):
         return training(tmp_path, 1)
 
     try:
-        pids = wait_for("the run training", started, timeout=300)
+        pids = wait_for("the run training", started, timeout=bound(150))
     except AssertionError:  # say what the run was doing: its exit code, each process's state, what it printed
         raise AssertionError(f"exit {proc.poll()}; processes {process_states(proc.pid)}; terminal: "
                              f"{b''.join(output)[-3000:].decode(errors='replace')}") from None
     os.close(master)  # the terminal goes away: the kernel hangs it up
-    assert proc.wait(timeout=180) == 0  # a clean stop, not a timing goal: a loaded 2-core box took over 60 s
+    assert proc.wait(timeout=bound(90)) == 0  # a clean stop, not a timing goal: a loaded 2-core box took over 60 s
     log = (tmp_path / "logs" / "r" / "training.log").read_text()
     assert "SIGHUP received; stopped cleanly" in log
     step = int(log.split("SIGHUP received: saving step ")[1].split()[0])
@@ -266,12 +182,12 @@ def test_a_stop_whose_peer_hangs_ends_within_the_grace():
     procs = start_two_ranks(STUCK_PEER)
     try:
         assert procs[1].stdout.readline() == "stuck\n"
-        wait_for("rank 1 to be stopped", lambda: process_state(procs[1].pid) == "T", timeout=120)
+        wait_for("rank 1 to be stopped", lambda: process_state(procs[1].pid) == "T", timeout=bound(60))
         # rank 0 can go no further than the all-reduce that waits for rank 1, where no Python signal handler runs
         assert procs[0].poll() is None
         procs[0].send_signal(signal.SIGTERM)
         sent = time.monotonic()
-        _, err = procs[0].communicate(timeout=120)  # a hang bound, 40x the grace
+        _, err = procs[0].communicate(timeout=bound(60))  # a hang bound, 40x the grace
         assert time.monotonic() - sent >= 3  # it waited the grace (3 s) for the clean stop, then gave up
         assert procs[0].returncode == 1
         assert err.strip().splitlines()[-1] == ("error: the clean stop did not finish within --grace-seconds 3 (a peer "
@@ -284,14 +200,16 @@ def test_a_stop_whose_peer_hangs_ends_within_the_grace():
 
 
 def test_a_process_bound_to_its_launcher_gets_sigterm_when_the_launcher_is_killed():
-    bound = f'"{sys.executable}" "{REPO}/utils/run/lifeline.py" $$ sleep 60 & echo $!; wait'
-    launcher = subprocess.Popen(["bash", "-c", bound], stdout=subprocess.PIPE, text=True)
+    sleep = str(int(bound(300)))  # far past the hang bounds below: only the lifeline's SIGTERM ends it in time
+    command = f'"{sys.executable}" "{REPO}/utils/run/lifeline.py" $$ sleep {sleep} & echo $!; wait'
+    launcher = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, text=True)
     child = int(launcher.stdout.readline())
     # bound once lifeline.py, which binds and then execs, runs `sleep`
-    wait_for("the bound process to start", lambda: command_line(child)[:1] == ["sleep"], timeout=120, every=0.02)
+    wait_for("the bound process to start", lambda: command_line(child)[:1] == ["sleep"], timeout=bound(60),
+             every=0.02)
     launcher.kill()
     launcher.wait()
-    wait_for("the bound process to end", lambda: not alive(child), timeout=120)
-    late = subprocess.run([sys.executable, str(REPO / "utils" / "run" / "lifeline.py"), "1", "sleep", "600"],
-                          timeout=120)  # a hang bound, far below the sleep it cuts short
+    wait_for("the bound process to end", lambda: not alive(child), timeout=bound(60))
+    late = subprocess.run([sys.executable, str(REPO / "utils" / "run" / "lifeline.py"), "1", "sleep", sleep],
+                          timeout=bound(60))
     assert late.returncode == -signal.SIGTERM  # its launcher was already gone: it stops at once

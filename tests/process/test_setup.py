@@ -3,12 +3,13 @@ import os
 import stat
 import subprocess
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 
 
 def setup(*args, env=None):
     return subprocess.run(["bash", str(REPO / "setup.sh"), *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, **(env or {})})
+                          timeout=bound(300), env={**os.environ, **(env or {})})
 
 
 def test_rerun_with_dev_tools_reports_torch_and_cuda():

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 from tests.support.waits import wait_for
 from utils.run.supervise import BEFORE_LAUNCH
@@ -48,7 +49,7 @@ def test_a_stop_during_the_preflight_ends_it_and_launches_nothing(tmp_path, sig)
     proc = supervise(tmp_path, synced="wait")
     wait_for("the preflight", lambda: (tmp_path / "preflight").exists() or proc.poll() is not None)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=bound(30))
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == BEFORE_LAUNCH, err
     assert "asking the run to save and stop" in err and "Traceback" not in err
     assert not (tmp_path / "launcher").exists() and not (tmp_path / "note").exists()
@@ -59,7 +60,7 @@ def test_a_ctrl_c_once_the_workers_run_goes_to_them_and_the_run_ends_with_their_
     worker = tmp_path / "launcher.worker"
     wait_for("the worker", lambda: worker.exists() or proc.poll() is not None)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=bound(30))
     assert proc.returncode == 0 and worker.read_text() == "SIGINT", (proc.returncode, err)
     assert "start_training.sh: SIGINT: asking the run to save and stop" in err and "Traceback" not in err
     assert out.splitlines() == [f"data synced to {tmp_path / 'synced'}", "start_training.sh: 2 training "
@@ -70,6 +71,6 @@ def test_a_ctrl_c_once_the_workers_run_goes_to_them_and_the_run_ends_with_their_
 
 def test_a_refused_preflight_is_its_exit_code_and_no_launch(tmp_path):
     proc = supervise(tmp_path, preflight_code=2)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=bound(30))
     assert proc.returncode == 2 and "under accelerate launch" not in out and err == ""
     assert not (tmp_path / "launcher").exists() and not (tmp_path / "note").exists()

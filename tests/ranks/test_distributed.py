@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 from tests.support.ranks import TINY, kill_tree, launch
 from utils.ckpt.format import MARKER, check_complete, step_dir_name, step_folders
@@ -19,7 +20,7 @@ def test_each_rank_joins_and_parameters_stay_identical(tmp_path):
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
            str(REPO / "tests" / "support" / "ddp_probe.py")]
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=bound(150))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["world_size"] == 2
@@ -88,7 +89,7 @@ def fsdp_config_gs_data(tmp_path_factory, tiny_data, _emulator_process):
                gcs.url("data/tiny"), "--", *TINY, "--batch-size", "4", "--max-steps", "2", "--run-name", "run",
                "--output-dir", str(work / "ckpt"), "--log-dir", str(work / "logs")]
         env = {k: v for k, v in os.environ.items() if k != "PICONEOX_CPU_FSDP"}
-        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=300,
+        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=bound(150),
                               env={**env, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return work, gcs.bucket, proc
@@ -129,7 +130,7 @@ def test_two_machines_resume_auto_from_the_same_step_after_one_disk_is_wiped(two
 
     # Synchronous saves every step make the run slow enough to be killed half-way at a known point.
     procs = machines("--save-every", "1", "--no-background-upload")
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + bound(120)
     while bucket_step() < 5:
         assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, procs[0].stderr.read()[-3000:]
         time.sleep(0.02)
@@ -144,7 +145,7 @@ def test_two_machines_resume_auto_from_the_same_step_after_one_disk_is_wiped(two
     shutil.rmtree(tmp_path / "machine1" / "checkpoints")
 
     procs = machines("--resume", "auto")
-    outs = [p.communicate(timeout=300) for p in procs]
+    outs = [p.communicate(timeout=bound(150)) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
     log = (tmp_path / "machine0" / "logs" / "run" / "training.log").read_text()
     step = int(log.split("at step ")[1].split()[0])

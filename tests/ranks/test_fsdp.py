@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from configs.model import MODEL_PRESETS
+from tests.support.bounds import bound
 from tests.support.hostile_checkpoints import remark
 from tests.support.paths import REPO
 from tests.support.ranks import FSDP_CONFIG, TINY, launch, relative_gap, run_bounded
@@ -29,7 +30,7 @@ def test_fsdp2_stays_fsdp2_gathers_once_per_step_and_keeps_fp32_under_bf16():
            str(REPO / "tests" / "support" / "fsdp_probe.py")]
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "PICONEOX_CPU_FSDP": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO)}
-    proc = run_bounded(cmd, 120, cwd=REPO, env=env)
+    proc = run_bounded(cmd, bound(60), cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["fsdp2_after_prepare"] and report["describe"] == "FSDP2 fully_shard over 2 process(es)"
@@ -136,7 +137,8 @@ def test_one_ranks_refused_file_is_every_ranks_one_line(parity, tiny_data, tmp_p
            FSDP_CONFIG, "--data", str(tiny_data), "--", *TINY, "--batch-size", "1", "--run-name", "run",
            "--output-dir", str(again / "ckpt"), "--log-dir", str(again / "logs"), *PARITY, *COMPILED, "--resume",
            str(folder)]
-    resumed = run_bounded(cmd, 300, cwd=again, env={**os.environ, "OMP_NUM_THREADS": "1", "PICONEOX_CPU_FSDP": "1"})
+    resumed = run_bounded(cmd, bound(150), cwd=again,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PICONEOX_CPU_FSDP": "1"})
     errors = [line for line in resumed.stderr.splitlines() if line.startswith("error: ")]
     assert resumed.returncode == 2 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
     assert errors and all("rank 1: " in e and "rng-00001.json: not an RNG state" in e for e in errors), errors

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 
 LAUNCH = {"fsdp2": ["--config_file", str(REPO / "configs" / "accelerate" / "fsdp_production.yaml")],
@@ -20,7 +21,7 @@ def probe(tmp_path, data, kind: str, layers: int) -> list[dict]:
            str(REPO / "tests" / "support" / "memory_probe.py"), str(tmp_path), str(data), str(layers)]
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "PICONEOX_CPU_FSDP": "1" if kind == "fsdp2" else "0",
            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=bound(150))
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"rank"')),
                      key=lambda r: r["rank"])

@@ -2,6 +2,7 @@
 orthogonalises whole matrices."""
 import os
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 from tests.support.ranks import TINY, run_bounded
 
@@ -12,7 +13,7 @@ def test_muon_on_two_fsdp2_ranks_is_refused_in_one_line(tmp_path, tiny_data):
            "--batch-size", "4", "--run-name", "run", "--output-dir", str(tmp_path / "ckpt"), "--log-dir",
            str(tmp_path / "logs"), "--set", "train.optimizer=muon"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PICONEOX_CPU_FSDP": "1"}
-    proc = run_bounded(cmd, 300, cwd=tmp_path, env=env)
+    proc = run_bounded(cmd, bound(150), cwd=tmp_path, env=env)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "error: train.optimizer=muon: not with FSDP2" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "ckpt" / "run").exists()  # refused before its first step: nothing of the run stays

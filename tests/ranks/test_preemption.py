@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 from tests.support.ranks import start_two_ranks
 from tests.support.training import TINY, run
@@ -69,7 +70,7 @@ torch.distributed.destroy_process_group()  # without it gloo may abort at exit w
 def two_ranks(mode: str) -> list[dict]:
     """RANKS_SCRIPT on two gloo ranks; each rank's report, rank 0 first."""
     procs = start_two_ranks(RANKS_SCRIPT, mode)
-    outs = [p.communicate(timeout=120) for p in procs]
+    outs = [p.communicate(timeout=bound(60)) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     return sorted((json.loads(out.strip().splitlines()[-1]) for out, _ in outs), key=lambda r: r["rank"])
 
@@ -144,13 +145,14 @@ def test_sigterm_to_a_training_process_saves_locally_and_remotely(tmp_path, tiny
            "--grace-seconds", "20"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     log = tmp_path / "logs" / "run" / "training.log"
-    deadline = time.monotonic() + 300  # a hang guard, not a timing goal: ~10 s of CPU, minutes on a loaded 2-core box
+    limit = bound(150)  # a hang guard, not a timing goal: ~10 s of CPU, minutes on a loaded 2-core box
+    deadline = time.monotonic() + limit
     while not (log.exists() and "step 5:" in log.read_text()):  # the loop runs (and handles signals)
         assert proc.poll() is None, proc.stderr.read()
-        assert time.monotonic() < deadline, "no eval at step 5 within 300 s"
+        assert time.monotonic() < deadline, f"no eval at step 5 within {limit:g} s"
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=200)  # a hang bound, 10x the grace
+    _, err = proc.communicate(timeout=bound(100))  # a hang bound, 10x the grace
     assert proc.returncode == 0, err  # within the grace budget: past it the run ends itself with exit 1
     assert "did not finish within --grace-seconds" not in err
     text = log.read_text()

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 
 DRIVER = r"""
@@ -30,7 +31,7 @@ def run_cli_cases(cases, cwd):
     """[(module, argv)] -> [(exit code, stderr)], all in one interpreter started in `cwd`."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps(cases), cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=bound(150))
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

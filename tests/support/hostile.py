@@ -19,13 +19,16 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Callable
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 
 LIMIT_AS = 3 << 30  # bytes of address space for the driver and its children; torch + a tiny model use < 1.5 GiB
-CASE_S = 150  # seconds a case may take before it is killed: a hang bound (the slowest honest case takes 9 s idle)
+CASE_S = bound(75)  # seconds a case may take before it is killed: a hang bound (the slowest honest case takes 9 s idle)
+SLOW_CPU_S = 15  # CPU seconds (which load does not stretch) past which an honest case counts as near its bound
 
 DRIVER = r"""
 import contextlib, faulthandler, importlib, io, json, os, resource, sys, time, traceback
+from tests.support.training import reset_accelerate_state
 limit_as, case_s, results = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))
 for case_id, module, argv, cwd in json.load(sys.stdin):
@@ -43,10 +46,7 @@ for case_id, module, argv, cwd in json.load(sys.stdin):
             traceback.print_exc()
             code = "raised"
     faulthandler.cancel_dump_traceback_later()
-    if "accelerate.state" in sys.modules:  # each in-process training run builds its own Accelerator
-        from accelerate.state import AcceleratorState, GradientState
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+    reset_accelerate_state()  # each in-process training run builds its own Accelerator
     with open(results, "a") as f:
         f.write(json.dumps({"id": case_id, "code": code, "err": err.getvalue(), "s": time.monotonic() - start,
                             "cpu_s": sum(os.times()[:4]) - cpu,  # its work: CPU seconds, the same on a busy box
@@ -93,7 +93,7 @@ def run_driver(cases: list[Case], root: Path, env: dict) -> dict[str, dict]:
     while todo:
         results_file.unlink(missing_ok=True)
         proc = subprocess.run([sys.executable, "-c", DRIVER, str(LIMIT_AS), str(CASE_S), str(results_file)],
-                              input=json.dumps(todo), text=True, capture_output=True, cwd=root, timeout=1200,
+                              input=json.dumps(todo), text=True, capture_output=True, cwd=root, timeout=bound(600),
                               env={**env, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
         lines = [json.loads(line) for line in results_file.read_text().splitlines()] if results_file.exists() else []
         done = {r["id"]: r for r in lines if "code" in r}

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.bounds import bound
 from tests.support.chaos import TINY, alive, carry_on, pause, training_argv, tree
 from tests.support.paths import REPO
 from tests.support.ranks import kill_tree
@@ -63,8 +64,10 @@ def output(work: Path) -> str:
     return (work / "out").read_text(errors="replace")
 
 
-def wait_for(what: str, check, proc: subprocess.Popen, timeout: float = 600):
-    """Poll `check` until it returns something true; fails naming `what` if the run ends first or on a hang."""
+def wait_for(what: str, check, proc: subprocess.Popen, timeout: float | None = None):
+    """Poll `check` until it returns something true; fails naming `what` if the run ends first or on a hang (past
+    `timeout`, by default `bound(300)`)."""
+    timeout = bound(300) if timeout is None else timeout
     deadline = time.monotonic() + timeout
     while not (result := check()):
         assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before {what}"
@@ -90,9 +93,10 @@ def paused(proc: subprocess.Popen) -> list[int]:
     return pids
 
 
-def ended(proc: subprocess.Popen, family, timeout: float = 180) -> tuple[int, list[int]]:
-    """(exit code, pids of the run still alive once the launcher has exited) — every one should be gone."""
-    code = proc.wait(timeout=timeout)
+def ended(proc: subprocess.Popen, family, timeout: float | None = None) -> tuple[int, list[int]]:
+    """(exit code, pids of the run still alive once the launcher has exited) — every one should be gone. `timeout`:
+    a hang bound, by default `bound(90)`."""
+    code = proc.wait(timeout=bound(90) if timeout is None else timeout)
     return code, alive(family)
 
 

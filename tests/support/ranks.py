@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.chaos import tree
 from tests.support.paths import REPO
 
@@ -43,7 +44,7 @@ def launch(tmp_path, data, procs: int, micro_batch: int, *extra, fsdp: bool = Fa
            "--data", str(data), "--", *TINY, "--batch-size", str(micro_batch), "--run-name", "run",
            "--output-dir", str(tmp_path / "ckpt"), "--log-dir", str(tmp_path / "logs"), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PICONEOX_CPU_FSDP": "1" if fsdp else "0"}
-    proc = run_bounded(cmd, 300, cwd=tmp_path, env=env)
+    proc = run_bounded(cmd, bound(150), cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     history = json.loads((tmp_path / "logs" / "run" / "history.json").read_text())
     return [r["train/loss"] for r in history if "train/loss" in r], proc
@@ -114,6 +115,6 @@ def machines(tmp_path, data, count: int, *extra) -> list[subprocess.CompletedPro
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PICONEOX_CPU_FSDP": "1"}
         procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, start_new_session=True))
-    outs = [p.communicate(timeout=300) for p in procs]
+    outs = [p.communicate(timeout=bound(150)) for p in procs]
     assert [p.returncode for p in procs] == [0] * count, "\n".join(err[-3000:] for _, err in outs)
     return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outs)]

@@ -7,7 +7,7 @@ that share a hostname and a filesystem, as cluster nodes share NFS.
 
     cluster = SlurmCluster.start(folder)      # or the `slurm` fixture in tests/slurm/conftest.py
     job = cluster.sbatch(["-N", "2", "configs/slurm/train.sbatch", ...])
-    cluster.wait_state(job, {"COMPLETED"}, timeout=300)
+    cluster.wait_state(job, {"COMPLETED"}, timeout=bound(150))
     cluster.stop()
 """
 from __future__ import annotations
@@ -20,6 +20,8 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+
+from tests.support.bounds import bound
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel")
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
@@ -99,10 +101,10 @@ class SlurmCluster:
         self._procs: list[subprocess.Popen] = []
 
     @classmethod
-    def start(cls, root: Path, timeout: float = 60) -> SlurmCluster:
+    def start(cls, root: Path, timeout: float | None = None) -> SlurmCluster:
         cluster = cls(Path(root))
         try:
-            cluster._start(timeout)
+            cluster._start(bound(30) if timeout is None else timeout)
         except BaseException:
             cluster.stop()
             raise
@@ -154,13 +156,13 @@ class SlurmCluster:
 
     def out(self, cmd: list[str], **kwargs) -> str:
         """A client command's stdout ('' when it fails)."""
-        done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=30, **kwargs)
+        done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=bound(15), **kwargs)
         return done.stdout if done.returncode == 0 else ""
 
     def sbatch(self, args: list[str], cwd: Path, env: dict | None = None) -> int:
         """Submit a job; its id."""
         done = subprocess.run(["sbatch", "--parsable", *args], env={**self.env, **(env or {})}, cwd=cwd,
-                              capture_output=True, text=True, timeout=30)
+                              capture_output=True, text=True, timeout=bound(15))
         if done.returncode != 0:
             raise RuntimeError(f"sbatch {args} failed: {done.stderr}")
         return int(done.stdout.strip().split(";")[0])
@@ -193,13 +195,14 @@ class SlurmCluster:
     def stop(self) -> None:
         """Cancel every job, end every daemon this cluster started (SIGTERM, then SIGKILL), and wait for them."""
         if os.path.exists(self.root / "slurm.conf"):
-            subprocess.run(["scancel", "--user", "root", "--full"], env=self.env, capture_output=True, timeout=30)
+            subprocess.run(["scancel", "--user", "root", "--full"], env=self.env, capture_output=True,
+                           timeout=bound(15))
         for proc in reversed(self._procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in reversed(self._procs):
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=bound(10))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()

@@ -1,6 +1,7 @@
 """The tiny in-process training run that many tests start (use the fresh_accelerate_state fixture)."""
 import contextlib
 import json
+import sys
 
 TINY = ["--config", "test", "--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set",
         "model.num_heads=4", "--set", "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4",
@@ -11,6 +12,20 @@ LONG_RUN = ("--max-steps", "40", "--save-every", "10", "--keep-last", "4", "--ev
 # run() samples no text at the end (--sample-tokens 0; 0.25 of a 2-step run's 0.42 CPU seconds): a test that reads
 # the sample passes SAMPLE.
 SAMPLE = ("--sample-tokens", "200")
+
+
+def reset_accelerate_state() -> None:
+    """Forget the Accelerator an in-process run built, so that the next run in this process builds its own.
+
+    accelerate keeps one state per process (AcceleratorState with its PartialState, and GradientState) that a second
+    Accelerator would reuse with the first one's settings. accelerate has no public reset: this is the one place the
+    tests call its private `_reset_state`. Nothing to do when accelerate was never imported."""
+    if "accelerate.state" not in sys.modules:
+        return
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
 
 
 @contextlib.contextmanager

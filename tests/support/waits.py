@@ -1,13 +1,17 @@
 """Waiting for events, not for guessed times: a test polls for what it needs (a file, a line, a process state)
-and the timeout only catches a hang. Bounds are generous: a CI box of 2 cores may be loaded 4x and more."""
+and the timeout only catches a hang (tests/support/bounds.py scales every bound to the box's load)."""
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+from tests.support.bounds import bound
 
-def wait_for(what: str, check, timeout: float = 180, every: float = 0.1):
-    """Poll `check()` until it returns something true and return that; fail naming `what` after `timeout` s."""
+
+def wait_for(what: str, check, timeout: float | None = None, every: float = 0.1):
+    """Poll `check()` until it returns something true and return that; fail naming `what` after `timeout` s (a hang
+    bound: by default `bound(90)`)."""
+    timeout = bound(90) if timeout is None else timeout
     deadline = time.monotonic() + timeout
     while not (result := check()):
         assert time.monotonic() < deadline, f"{what} not within {timeout:g} s"

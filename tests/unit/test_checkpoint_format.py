@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from tests.support.bounds import bound
 from tests.support.training import LONG_RUN, run
 from utils.ckpt import state as ckpt_state
 from utils.ckpt.format import check_complete, read_marker
@@ -170,7 +171,7 @@ def test_saves_lagging_behind_hold_one_staging_set_and_a_second_while_a_write_la
 
     def lagging_write(snap, folder, group=None):
         writing.append(folder.name)
-        assert go.wait(180), "the test never let the write go on"
+        assert go.wait(bound(90)), "the test never let the write go on"
         return write(snap, folder, group)
 
     monkeypatch.setattr(saver, "write_shards", lagging_write)
@@ -194,7 +195,7 @@ def test_saves_lagging_behind_hold_one_staging_set_and_a_second_while_a_write_la
             wait_for("save 3 waiting for the saver's slot", lambda: len(uploader._cond._waiters) == 1)
             assert len(stager._sets) == 2, "save 3 captured its state before waiting for the slot: a third set"
             go.set()
-            third.join(180)
+            third.join(bound(90))
             assert not third.is_alive()
             assert len(stager._sets) <= 2  # step 3 refilled step 1's set, written meanwhile (or step 2's)
             uploader.flush()

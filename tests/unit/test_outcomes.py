@@ -2,6 +2,7 @@
 import io
 import threading
 
+from tests.support.bounds import bound
 from utils import errors
 
 
@@ -18,7 +19,7 @@ def test_the_launcher_never_reads_an_outcome_half_written(tmp_path, monkeypatch)
             super().write(text[:1])
             self.flush()
             writing.set()
-            resume.wait(30)
+            resume.wait(bound(15))
             return super().write(text[1:])
 
     def slow_fdopen(fd, mode="r", **kwargs):
@@ -28,11 +29,11 @@ def test_the_launcher_never_reads_an_outcome_half_written(tmp_path, monkeypatch)
     writer = threading.Thread(target=errors.record, args=(130, "error: interrupted"))
     writer.start()
     try:
-        assert writing.wait(30)
+        assert writing.wait(bound(15))
         assert errors.outcomes(tmp_path) == []  # mid-write: nothing yet, not a broken file
     finally:
         resume.set()
-        writer.join(30)
+        writer.join(bound(15))
     assert errors.outcomes(tmp_path) == [(130, "error: interrupted")]
     assert errors.record(0, "") and errors.outcomes(tmp_path) == [(130, "error: interrupted")]  # the first stays
     assert [p.name for p in tmp_path.iterdir()] == ["rank-00001"]  # no temp file left
