@@ -8,7 +8,8 @@ usage() {
 usage: ./start_training.sh --config NAME [--gpus N] [--procs N] [--resume X] [--max-steps N]
                            [--no-background-upload] [--mixed-precision no|fp16|bf16] [--data DIR_OR_SOURCE]
                            [--credentials KEY.json]
-                           [--num-machines N --machine-rank R --main-process-ip IP [--main-process-port P]]
+                           [--num-machines N --machine-rank R --main-process-ip IP [--main-process-port P]
+                            [--rendezvous-timeout-seconds S]]
                            [--accelerate-config FILE] [--dry-run] [-- extra train.py flags]
 
 Runs train.py under `accelerate launch` (--dry-run prints that command; start runs with this script,
@@ -31,6 +32,9 @@ which stops them cleanly: Ctrl-C on the bare command gives a traceback while the
   --machine-rank R         this machine's rank, 0..N-1 (needed with --num-machines > 1)
   --main-process-ip IP     address of rank 0 (needed with --num-machines > 1)
   --main-process-port P    port on rank 0 (default 29500 with --num-machines > 1, a free one otherwise)
+  --rendezvous-timeout-seconds S
+                           how long the machines wait for each other at the start (default 900, torch's); one
+                           line says what a machine waits for, and Ctrl-C ends the wait at once
   --accelerate-config F    an accelerate config file (see configs/accelerate/): its distributed type
                            (DDP, FSDP) and options apply; process and machine counts, rank, address
                            and port always come from the flags above
@@ -78,7 +82,7 @@ PY=python3
 "$PY" -c 'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("torch", "transformers", "accelerate"))))' \
   || die "no .venv in $ROOT and $PY lacks torch/transformers/accelerate: run ./setup.sh first"
 
-gpus="" procs="" cpu_group="" machines="" rank="" ip="" port="" acc_config="" mp="" dry_run=0
+gpus="" procs="" cpu_group="" machines="" rank="" ip="" port="" acc_config="" mp="" dry_run=0 rdzv=""
 train_args=()
 while [ $# -gt 0 ]; do
   opt=$1
@@ -88,7 +92,7 @@ while [ $# -gt 0 ]; do
     --no-background-upload) train_args+=(--no-background-upload); shift; continue ;;
     --) shift; break ;;
     --config|--gpus|--procs|--resume|--max-steps|--mixed-precision|--data|--credentials|--num-machines|--machine-rank|\
-    --main-process-ip|--main-process-port|--accelerate-config)
+    --main-process-ip|--main-process-port|--accelerate-config|--rendezvous-timeout-seconds)
       [ $# -ge 2 ] && [[ "$2" != --* ]] || die "$opt needs a value (see --help)" ;;
     *) die "unknown option '$opt' (see --help)" ;;
   esac
@@ -106,6 +110,9 @@ while [ $# -gt 0 ]; do
       need_int "$opt" "$val"; [ "$val" -ge 1 ] && [ "$val" -le 65535 ] || die "--main-process-port '$val' must be 1..65535"
       port=$val ;;
     --main-process-ip) ip=$val ;;
+    --rendezvous-timeout-seconds)
+      need_int "$opt" "$val"; [ "$val" -ge 1 ] && [ "$val" -le 604800 ] || die "$opt '$val' must be 1..604800 (a week)"
+      rdzv=$val; train_args+=("$opt" "$val") ;;
     --accelerate-config) acc_config=$val ;;  # checked below, once --gpus is known
   esac
   shift 2
@@ -218,6 +225,7 @@ launch+=(--dynamo_backend no)
 # One process: a failing run has already printed its own one-line error; no launcher traceback after it.
 [ "$total" -eq 1 ] && launch+=(--quiet)
 [ "$machines" -gt 1 ] && launch+=(--machine_rank "$rank" --main_process_ip "$ip")
+[ -n "$rdzv" ] && launch+=(--rdzv_conf "timeout=$rdzv")
 # Several machines: the gloo groups (checkpoint savers, stop vote) must bind to an interface the other machines
 # reach, not to whatever the hostname resolves to (often 127.0.1.1): on machine 0 the one holding --main-process-ip,
 # elsewhere the one routing to it, never lo. A name resolving to loopback here is refused (utils/run/network.py).

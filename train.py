@@ -12,11 +12,19 @@ import contextlib
 import gc
 import math
 import os
+import sys
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
 from typing import TYPE_CHECKING
+
+# First of all: a stop signal during the imports is one line and 130, not a traceback (a stop of the preflight is the
+# supervisor's to say).
+if __name__ == "__main__" and "--preflight" not in sys.argv:
+    from utils.run.rendezvous import stop_before_start
+
+    stop_before_start()
 
 from configs.flags import overrides_from_args, parse_args
 from utils.errors import PiconeoxError, cli, exit_process
@@ -164,7 +172,8 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
 
     s, tc = cfg.run, cfg.train
     transformers.utils.logging.disable_progress_bar()  # save_pretrained's shard bar would break our own bar
-    accelerator = make_accelerator(tc.mixed_precision, torch.cuda.is_available(), s.collective_timeout_minutes)
+    accelerator = make_accelerator(tc.mixed_precision, torch.cuda.is_available(), s.collective_timeout_minutes,
+                                   s.rendezvous_timeout_seconds)
     check_allowed(tc.optimizer, sharded=accelerator.is_fsdp2)  # before the data and the model are built
     set_seed(tc.seed)
     cleanup.callback(torch.set_float32_matmul_precision, torch.get_float32_matmul_precision())  # process-wide
@@ -446,6 +455,9 @@ def run(args) -> int:
 
 @cli
 def main(argv=None) -> int:
+    from utils.run.rendezvous import main_started
+
+    main_started()  # a stop signal from here on is a KeyboardInterrupt that `cli` reports, after the cleanup
     return run(parse_args(argv, __doc__))
 
 

@@ -44,6 +44,9 @@ class RunSettings(ConfigBase):
     collective_timeout_minutes: float = 60.0
     """How long a rank waits for the others in a collective before the run fails, until step 1 is done (covers a
     resume download, the compile and a synchronous save of the 1.2B preset)."""
+    rendezvous_timeout_seconds: float = 900.0
+    """How long a process waits for the other processes of its group to start (torch's rendezvous default); a
+    Ctrl-C or SIGTERM ends the wait at once. start_training.sh's flag of the same name bounds the machines' wait."""
     step_timeout_minutes: float = 10.0
     """The collective timeout from step 2 on, and the stop vote's: a hung rank idles the other GPUs this long."""
     report_to: str = "tensorboard"
@@ -59,6 +62,7 @@ class RunSettings(ConfigBase):
         from utils.ckpt.bucket.remote import check_upload_settings
         from utils.distributed import check_timeout
         from utils.run.preemption import check_grace_seconds
+        from utils.run.rendezvous import check_rendezvous_timeout
         from utils.storage import check_location
         from utils.report.trackers import parse_report_to
 
@@ -70,6 +74,7 @@ class RunSettings(ConfigBase):
         check_timeout(self.collective_timeout_minutes)
         check_timeout(self.step_timeout_minutes, "--step-timeout-minutes", 10)
         check_grace_seconds(self.grace_seconds)
+        check_rendezvous_timeout(self.rendezvous_timeout_seconds)
         check_upload_settings(bool(self.checkpoint_bucket), keep_last, self.max_upload_failures)
         parse_report_to(self.report_to)
         check_location(self.checkpoint_bucket)  # a bad bucket name is one line before any launch

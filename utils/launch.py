@@ -13,6 +13,7 @@ SignalException traceback, is left out.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -66,6 +67,28 @@ def pass_on_stops(status: Path) -> None:
     os.environ["PET_SIGNALS_TO_HANDLE"] = "SIGQUIT"  # torchrun --signals-to-handle: its agent leaves these to us
 
 
+def wait_for_machines(args):
+    """Several machines: the launcher's rendezvous (torchrun's, in C++, where no signal handler runs) waits for the
+    others; one line says for what and for how long, and a PeerWait lets a stop signal end it at once."""
+    from utils.run.rendezvous import DEFAULT_TIMEOUT_SECONDS, PeerWait
+
+    if (args.num_machines or 1) <= 1:
+        return contextlib.nullcontext()
+    conf = dict(item.partition("=")[::2] for item in (args.rdzv_conf or "").split(",") if item)
+    timeout = float(conf.get("timeout", DEFAULT_TIMEOUT_SECONDS))
+    where = f"{args.main_process_ip}:{args.main_process_port}"
+    what = (f"machine 0 at {where} (this is machine {args.machine_rank} of {args.num_machines})" if args.machine_rank
+            else f"the other {args.num_machines - 1} machine(s) at {where} (this is machine 0)")
+    print(f"start_training.sh: waiting for {what}, at most {timeout:g} s (--rendezvous-timeout-seconds); Ctrl-C "
+          "stops waiting", file=sys.stderr, flush=True)
+    conf["timeout"] = str(int(timeout) + 60)  # torchrun's own bound a minute later: ours says it in one line
+    args.rdzv_conf = ",".join(f"{k}={v}" for k, v in conf.items())
+    fix = "start it with the same --main-process-ip and --main-process-port" if args.machine_rank else \
+        "start them with --main-process-ip and --main-process-port of this machine"
+    return PeerWait(what, timeout, fix, waiting=lambda: not children_of(os.getpid()), own_handlers=False,
+                    record=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     from accelerate.commands.launch import launch_command, launch_command_parser
 
@@ -82,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[errors.STATUS_DIR_ENV] = folder
         pass_on_stops(Path(folder))
         try:
-            launch_command(args)
+            with wait_for_machines(args):
+                launch_command(args)
             code = 0
         except (SystemExit, subprocess.CalledProcessError, Exception) as e:
             code = failed_code(e)

@@ -51,7 +51,7 @@ def test_a_stop_during_the_preflight_ends_it_and_launches_nothing(tmp_path, sig)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=bound(30))
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == BEFORE_LAUNCH, err
-    assert "asking the run to save and stop" in err and "Traceback" not in err
+    assert "no training process runs yet: stopping" in err and "Traceback" not in err
     assert not (tmp_path / "launcher").exists() and not (tmp_path / "note").exists()
 
 

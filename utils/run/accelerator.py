@@ -48,27 +48,31 @@ def fsdp_plugin(mixed_precision: str):
     return plugin
 
 
-def make_accelerator(mixed_precision: str, cuda: bool, timeout_minutes: float):
+def make_accelerator(mixed_precision: str, cuda: bool, timeout_minutes: float,
+                     rendezvous_seconds: float = 900.0):
     """The Accelerator, after checking that the launched processes really formed one group.
 
-    `timeout_minutes` bounds every collective wait (default group timeout is 10 min with NCCL).
+    `timeout_minutes` bounds every collective wait (default group timeout is 10 min with NCCL); `rendezvous_seconds`
+    the wait for the group's other processes, which a stop signal also ends (utils/run/rendezvous.py).
     """
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
-    from utils.run.launch_env import check_launch_env
+    from utils.run.launch_env import check_launch_env, group_address
     from utils.run.network import check_gloo_ifname
+    from utils.run.rendezvous import PeerWait
     from utils.sharding import use_hsdp
 
     check_timeout(timeout_minutes)
-    if notice := check_launch_env():
+    if notice := check_launch_env(timeout=rendezvous_seconds):
         print(notice, file=sys.stderr, flush=True)
     check_gloo_ifname(os.environ.get("GLOO_SOCKET_IFNAME"))
     if mixed_precision == "fp16" and not cuda:
         raise PiconeoxError("--mixed-precision fp16 needs a CUDA GPU; on CPU use bf16 or no")
     plugin = fsdp_plugin(mixed_precision)
-    accelerator = Accelerator(mixed_precision=mixed_precision, cpu=not cuda, fsdp_plugin=plugin,
-                              kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=timeout_minutes))])
+    with PeerWait(group_address(), rendezvous_seconds):
+        accelerator = Accelerator(mixed_precision=mixed_precision, cpu=not cuda, fsdp_plugin=plugin,
+                                  kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=timeout_minutes))])
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != accelerator.num_processes:  # e.g. an FSDP config on a box without CUDA: each rank alone
         raise PiconeoxError(f"{launched} processes were launched but they formed a group of "

@@ -16,7 +16,15 @@ from utils.errors import PiconeoxError
 GROUP_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-def check_launch_env(env: Mapping[str, str] = os.environ) -> str | None:
+def group_address(env: Mapping[str, str] = os.environ) -> str:
+    """Who a process waits for while its group forms, for the lines that say so."""
+    rank, world = env.get("RANK", "0"), env.get("WORLD_SIZE", "1")
+    where = f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
+    return f"the other {int(world) - 1 if world.isdigit() else '?'} process(es) of the group at {where} (this is " \
+        f"rank {rank} of {world})"
+
+
+def check_launch_env(env: Mapping[str, str] = os.environ, timeout: float = 900.0) -> str | None:
     """None for a single process or a launcher's process; the line announcing a group formed by hand from the
     environment; PiconeoxError for a set of variables that forms no group (leftovers). accelerate starts a group
     when WORLD_SIZE > 1 or LOCAL_RANK is set."""
@@ -33,7 +41,12 @@ def check_launch_env(env: Mapping[str, str] = os.environ) -> str | None:
         raise PiconeoxError(f"{shown} in the environment but no {' or '.join(missing)}, and no launcher started this "
                             f"process (leftovers of an earlier torchrun?): {unset}, or start several processes with "
                             "./start_training.sh")
+    port = env["MASTER_PORT"]
+    if not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise PiconeoxError(f"MASTER_PORT={port!r} in the environment is no TCP port (1..65535): set the port rank 0 "
+                            f"listens on, or {unset}")
     if int(world) == 1:
         return None
     return (f"train.py: process group from the environment, no launcher ({shown}): rank {rank} of {world} waits for "
-            f"the others at {env['MASTER_ADDR']}:{env['MASTER_PORT']}; {unset}")
+            f"the others at {env['MASTER_ADDR']}:{env['MASTER_PORT']} (at most {timeout:g} s: "
+            f"--rendezvous-timeout-seconds; Ctrl-C stops waiting); {unset}")

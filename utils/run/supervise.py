@@ -21,6 +21,7 @@ import os  # noqa: E402  (after the handlers, on purpose)
 import select  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 if __name__ == "__main__":  # run as a file: the repository's `utils`
@@ -28,6 +29,7 @@ if __name__ == "__main__":  # run as a file: the repository's `utils`
 
 from utils.run.lifeline import children_of, detach_terminal  # noqa: E402
 
+PENDING_SECONDS = 30  # how long a forwarded stop waits for a starting training process to handle it
 BEFORE_LAUNCH = "error: interrupted before the training processes started; nothing was trained"
 
 
@@ -36,6 +38,17 @@ def say(line: str, stream=None) -> None:
         print(line, file=stream or sys.stderr, flush=True)
     except OSError:  # a closed terminal
         pass
+
+
+def handles_stops(pid: int) -> bool:
+    """Whether `pid` catches SIGTERM yet (/proc/PID/status SigCgt): a training process that is still starting does
+    not, and a signal there is a traceback from whatever it imports, or its death. True when unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next((line.split()[1] for line in f if line.startswith("SigCgt:")), None)
+    except OSError:
+        return True
+    return caught is None or bool(int(caught, 16) >> (signal.SIGTERM - 1) & 1)
 
 
 def _send(send) -> None:
@@ -55,6 +68,7 @@ class Supervisor:
         self.child: subprocess.Popen | None = None
         self.launched = False  # the child is the launcher (else the preflight)
         self.stopped = False  # a stop signal came before any training process existed
+        self.pending: list[tuple[int, int, float]] = []  # (pid, signal, until when it may wait) for starting workers
         self._wake, write = os.pipe()
         for fd in (self._wake, write):
             os.set_blocking(fd, False)
@@ -65,15 +79,25 @@ class Supervisor:
     def forward(self, sig: int, _frame=None) -> None:
         if sig == signal.SIGHUP:  # the terminal is gone and writing to it would fail; training.log keeps everything
             detach_terminal()
-        say(f"start_training.sh: {signal.Signals(sig).name}: asking the run to save and stop (a second Ctrl-C "
-            "stops at once)")
         workers = children_of(self.child.pid) if self.launched and not self.stopped else []
-        for pid in workers:
-            _send(lambda: os.kill(pid, sig))
+        say(f"start_training.sh: {signal.Signals(sig).name}: " + ("asking the run to save and stop (a second Ctrl-C "
+            "stops at once)" if workers else "no training process runs yet: stopping"))
+        self.pending += [(pid, sig, time.monotonic() + PENDING_SECONDS) for pid in workers]
+        self.send_pending()
         if not workers:
             self.stopped = True
             if self.child:
                 _send(lambda: os.killpg(self.child.pid, signal.SIGTERM))
+
+    def send_pending(self) -> None:
+        """Pass each forwarded signal on once its process handles stops (or has waited PENDING_SECONDS)."""
+        waiting = []
+        for pid, sig, until in self.pending:
+            if handles_stops(pid) or time.monotonic() > until:
+                _send(lambda: os.kill(pid, sig))
+            else:
+                waiting.append((pid, sig, until))
+        self.pending = waiting
 
     def run(self, command: list[str], launcher: bool = False, **popen) -> int:
         """Start `command` (unless a stop came first: then -SIGTERM) and wait for it, forwarding stop signals."""
@@ -89,9 +113,10 @@ class Supervisor:
             pidfd = None
         while self.child.poll() is None:
             # the handlers run in this thread between calls; the pipe only wakes the select
-            select.select([self._wake] + ([pidfd] if pidfd is not None else []), [], [], 1.0)
+            select.select([self._wake] + ([pidfd] if pidfd is not None else []), [], [], 0.05 if self.pending else 1.0)
             while _drain(self._wake):
                 pass
+            self.send_pending()
         if pidfd is not None:
             os.close(pidfd)
         return self.child.returncode
