@@ -29,7 +29,7 @@ def test_a_stop_ends_a_machine_waiting_for_machine_0_at_once(tmp_path, sig):
         waiter.wait_for_line(WAITING)
         assert "at most 900 s (--rendezvous-timeout-seconds); Ctrl-C stops waiting" in waiter.err
         waiter.proc.send_signal(sig)  # the supervisor, as a terminal's Ctrl-C or a pod's deletion reaches it
-        code, took = waiter.finish(timeout=60)  # before: still waiting after 60 s (torchrun's 900 s bound)
+        code, _ = waiter.finish(timeout=30)  # before: still waiting after 60 s (torchrun's 900 s bound)
     finally:
         waiter.kill()
     line = one_error_line(waiter.err)
@@ -40,7 +40,7 @@ def test_a_stop_ends_a_machine_waiting_for_machine_0_at_once(tmp_path, sig):
 def test_a_machine_waiting_for_machine_0_gives_up_after_the_bound(tmp_path):
     waiter = second_machine(tmp_path, free_ports(1)[0], "--rendezvous-timeout-seconds", "2")
     try:
-        code, _ = waiter.finish(timeout=120)
+        code, _ = waiter.finish()
     finally:
         waiter.kill()
     line = one_error_line(waiter.err)
@@ -60,7 +60,7 @@ def test_a_stop_ends_train_py_waiting_for_a_group_from_the_environment(tmp_path,
         waiter.wait_for_line("rank 1 of 2 waits for the others at 127.0.0.1:")
         assert "(at most 900 s: --rendezvous-timeout-seconds; Ctrl-C stops waiting)" in waiter.err
         waiter.proc.send_signal(sig)
-        code, _ = waiter.finish(timeout=60)
+        code, _ = waiter.finish(timeout=30)
     finally:
         waiter.kill()
     line = one_error_line(waiter.err)
@@ -70,7 +70,7 @@ def test_a_stop_ends_train_py_waiting_for_a_group_from_the_environment(tmp_path,
 def test_train_py_waiting_for_a_group_from_the_environment_gives_up_after_the_bound(tmp_path):
     waiter = leftover_group(tmp_path, "--rendezvous-timeout-seconds", "2")
     try:
-        code, _ = waiter.finish(timeout=120)
+        code, _ = waiter.finish()
     finally:
         waiter.kill()
     line = one_error_line(waiter.err)
@@ -88,7 +88,7 @@ def test_a_ctrl_c_while_the_training_processes_start_is_one_line_and_130(tmp_pat
                     and "--preflight" not in command_line(pid)]
         wait_for("the training processes", lambda: workers() or waiter.proc.poll() is not None, every=0.01)
         waiter.proc.send_signal(signal.SIGINT)
-        code, _ = waiter.finish(timeout=120)
+        code, _ = waiter.finish()
     finally:
         waiter.kill()
     assert code == 130 and one_error_line(waiter.err).startswith("error: interrupted"), waiter.err

@@ -7,6 +7,7 @@ import subprocess
 import threading
 import time
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 from tests.support.waits import wait_for
 
@@ -25,16 +26,16 @@ class Waiter:
         for line in self.proc.stderr:
             self.err += line
 
-    def wait_for_line(self, text: str, timeout: float = 180) -> None:
-        wait_for(f"{text!r} on stderr", lambda: text in self.err or self.proc.poll() is not None, timeout)
+    def wait_for_line(self, text: str) -> None:
+        wait_for(f"{text!r} on stderr", lambda: text in self.err or self.proc.poll() is not None)
         assert text in self.err, f"exit {self.proc.returncode} before {text!r}:\n{self.err}"
 
-    def finish(self, timeout: float = 120) -> tuple[int, float]:
-        """(exit code, seconds it took from now)."""
+    def finish(self, timeout: float = 60) -> tuple[int, float]:
+        """(exit code, seconds it took from now); `timeout`: the hang bound on a quiet box."""
         start = time.monotonic()
         self.proc.stdout.read()
-        code = self.proc.wait(timeout)
-        self._reader.join(10)
+        code = self.proc.wait(bound(timeout))
+        self._reader.join(bound(10))
         return code, time.monotonic() - start
 
     def kill(self) -> None:
