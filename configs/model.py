@@ -23,18 +23,40 @@ class ModelConfig(ConfigBase):
     SECTION = "model"
 
     hidden_size: int
+    """Width of the residual stream (d_model), in features: a whole number >= 1 that num_heads divides."""
     num_layers: int
+    """Decoder layers (transformer blocks): a whole number >= 1."""
     num_heads: int
+    """Attention heads per layer: a whole number >= 1 that divides hidden_size (head_dim = hidden_size / heads)."""
     intermediate_size: int
+    """Width of each layer's MLP (GELU between two projections), in features: a whole number >= 1 (GPT-NeoX uses
+    4 x hidden_size)."""
     max_position_embeddings: int
+    """The longest sequence the model is built for, in tokens: a whole number >= 1; train.seq_len must fit in it
+    (RoPE has no learned table of positions, but no run trains or generates past this)."""
     vocab_size: int | None = None
+    """Rows of the embedding (and of the output head), in tokens: a whole number >= 2 and >= the tokenizer's size,
+    or None to size it from the dataset's tokenizer, rounded up to vocab_multiple."""
     rotary_pct: float = 0.25
+    """The share of each head's dims that RoPE rotates (GPT-NeoX's partial rotary), in (0, 1]; head_dim x rotary_pct
+    must be an even whole number >= 2."""
     rotary_base: float = 10000.0
+    """RoPE's base (theta): pair i of a head's rotary dims turns base^(-2i/dims) radians per position, so a larger
+    base turns slower (longer contexts); a number > 0."""
     use_parallel_residual: bool = True
+    """GPT-NeoX's parallel block (attention and MLP read the same input, x + attn(ln1 x) + mlp(ln2 x)); false: the
+    sequential GPT-2 block."""
     tie_word_embeddings: bool = False
+    """One matrix for the input embedding and the output head (saves vocab x hidden parameters; the Pico presets
+    use it)."""
     layer_norm_eps: float = 1e-5
+    """The epsilon added to the variance in every LayerNorm: a small number > 0, e.g. 1e-5."""
     dropout: float = 0.0
+    """Dropout probability on the residual branches and the attention weights, in [0, 1) (0: off, as GPT-NeoX and
+    Pythia train)."""
     vocab_multiple: int = 64
+    """An unset vocab_size is rounded up to a multiple of this, in tokens (64: matmul-friendly shapes on GPUs): a
+    whole number >= 1."""
 
     @property
     def head_dim(self) -> int:
@@ -47,7 +69,8 @@ class ModelConfig(ConfigBase):
 
     def validate(self) -> "ModelConfig":
         """Raise PiconeoxError (one line) for an impossible shape; return self."""
-        self.check_ints(("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"), 1)
+        self.check_ints(("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings",
+                         "vocab_multiple"), 1)
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 2):
             raise PiconeoxError(f"model.vocab_size={self.vocab_size!r}: must be an integer >= 2 (or null to size it "
                                 "from the tokenizer)")

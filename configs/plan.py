@@ -102,8 +102,11 @@ class MemoryEstimate:
     """Bytes per GPU for one sharding strategy (see the module docstring for the formulas)."""
 
     weights: int
+    """fp32 master weights (this GPU's share), plus FSDP's weights gathered in the compute dtype."""
     grads: int
+    """fp32 gradients (this GPU's share)."""
     optimizer: int
+    """The optimizer's state as utils.optim.state_bytes counts it, plus the EMA's 4 bytes a parameter."""
     activations: int
     """Without activation checkpointing."""
     activations_checkpointed: int
@@ -125,27 +128,35 @@ class Plan:
     """What a run will do and roughly what it needs, before it does anything."""
 
     preset: str
+    """The preset planned (RunConfig.preset)."""
     gpus: int
     """GPUs in the whole job (0 = a CPU run, planned as one process)."""
     shard_gpus: int
     """The GPUs one FSDP2 shard group spans: all of them, or one machine's under HSDP (several machines)."""
     vocab_size: int
+    """The model's vocabulary, resolved (see `plan`)."""
     parameters: int
     """Unique parameters (tied embeddings counted once)."""
     layer_parameters: int
     """Parameters of one decoder layer (an FSDP unit)."""
     seq_len: int
+    """Tokens per sequence."""
     micro_batch_size: int
+    """Sequences per process in one micro-step."""
     grad_accum_steps: int
+    """Micro-steps per optimizer step on this many GPUs (the global batch kept)."""
     batch_tokens: int
     """Tokens per optimizer step: micro batch x accumulation x processes x sequence length."""
     steps: int
+    """Optimizer steps (train.max_steps)."""
     total_tokens: int
+    """Tokens the run trains on: batch_tokens x steps."""
     flops_per_token: float
     """Training model FLOPs per token (utils.report.metrics.model_flops_per_token)."""
     optimizer: str
     """train.optimizer, whose state the estimates count."""
     ddp: MemoryEstimate
+    """Bytes per GPU under DDP (every GPU holds everything)."""
     fsdp: MemoryEstimate | None
     """None when the optimizer refuses sharded parameters (utils.optim.refusal)."""
 

@@ -16,9 +16,13 @@ class RunConfig:
     run settings (folders, resume, bucket)."""
 
     preset: str
+    """The preset's name (`--config`, a key of MODEL_PRESETS), which a `--config-file` and `--set` then change."""
     model: ModelConfig
+    """The model's shape (the `model:` section)."""
     train: TrainConfig
+    """The training recipe (the `train:` section)."""
     run: RunSettings = RunSettings()
+    """Folders, resume, bucket and trackers (the `run:` section)."""
 
     def validate(self) -> "RunConfig":
         self.model.validate()

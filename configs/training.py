@@ -28,27 +28,38 @@ class TrainConfig(ConfigBase):
     SECTION = "train"
 
     data: str = "demo"
-    """A prepared dataset directory, a `gs://bucket/prefix` of one, or `demo` (built in, prepared on first use)."""
+    """A prepared dataset directory, a bucket URL of one (`gs://bucket/prefix`), or `demo` (built in, prepared on
+    first use)."""
     tokenizer: str = "byte"
     """Tokenizer used when this run prepares its data itself (`demo`): char, byte or bpe."""
     tokenizer_vocab: int | None = None
-    """BPE vocabulary size when this run prepares its data itself."""
+    """BPE vocabulary size, in tokens, when this run prepares its data itself: a whole number >= 257, bpe only
+    (None: the tokenizer's default; char and byte size themselves)."""
     dataset_percent: float = 100.0
-    """Keep a deterministic share of the documents (1..100) when preparing data."""
+    """Keep a deterministic share of the documents when preparing data, in percent: in (0, 100]."""
     seq_len: int = 256
+    """Tokens per training sequence (the context trained on): a whole number >= 1, at most
+    model.max_position_embeddings."""
     micro_batch_size: int = 8
+    """Sequences per process in one forward/backward pass (a micro-step): a whole number >= 1; `--batch-size auto`
+    measures the largest that fits the GPU."""
     grad_accum_steps: int = 1
-    """Micro-steps per optimizer step; derived from global_batch_tokens when that is set."""
+    """Micro-steps per optimizer step: a whole number >= 1; derived from global_batch_tokens when that is set."""
     global_batch_tokens: int = 0
     """Tokens per optimizer step over all processes. Set: grad_accum_steps is derived as
     global_batch_tokens / (micro_batch_size * seq_len * processes), so more GPUs mean less accumulation,
     not a bigger batch. 0: micro_batch_size * grad_accum_steps * seq_len * processes at the run's start.
     Either way a resume keeps the checkpoint's global batch on any number of processes."""
     max_steps: int = 1000
+    """Optimizer steps of the whole run (a resume counts on from its step): a whole number >= 1; the schedule ends
+    here."""
     learning_rate: float = 1e-3
+    """AdamW's peak learning rate (every parameter, or with optimizer muon those Muon does not take): a number > 0;
+    the schedule scales it."""
     min_lr_ratio: float = 0.1
-    """The cosine schedule ends at learning_rate * min_lr_ratio."""
+    """The schedule ends at learning_rate * min_lr_ratio (and muon_lr * min_lr_ratio): in [0, 1]."""
     warmup_steps: int = 100
+    """Optimizer steps of linear warmup from learning_rate / warmup_steps to the peak: a whole number >= 0."""
     lr_schedule: str = "cosine"
     """After the warmup: cosine (down to learning_rate * min_lr_ratio at max_steps) or wsd (warmup-stable-decay:
     the peak held, then a linear decay to the same floor over the last decay_fraction of the steps)."""
@@ -65,15 +76,28 @@ class TrainConfig(ConfigBase):
     muon_momentum: float = 0.95
     """Muon's momentum (Nesterov), in [0, 1)."""
     weight_decay: float = 0.1
+    """Decoupled weight decay (AdamW's, and Muon's on its matrices), per step times the lr: a number >= 0; only
+    matrices decay, never biases or norms."""
     beta1: float = 0.9
+    """AdamW's decay rate of the gradient's running mean: in [0, 1)."""
     beta2: float = 0.95
+    """AdamW's decay rate of the squared gradient's running mean: in [0, 1)."""
     grad_clip: float = 1.0
+    """The largest total gradient norm (over all parameters) before the step; larger ones are scaled down to it: a
+    number > 0 (train/grad_norm logs the norm before clipping)."""
     eval_every: int = 100
+    """Optimizer steps between validation evaluations (and one at max_steps): a whole number >= 1."""
     eval_batches: int = 20
+    """Micro-batches of validation data per evaluation, the split's first ones every time (fewer when the split
+    is smaller): a whole number >= 1."""
     patience: int = 0
-    """Stop after this many evaluations without a better val loss; 0 disables early stopping."""
+    """Stop after this many evaluations without a better val loss: a whole number >= 0; 0 disables early
+    stopping."""
     save_every: int = 200
+    """Optimizer steps between step-XXXXXXXX/ checkpoints (and one at the end): a whole number >= 1."""
     keep_last: int = 3
+    """How many of the newest step-XXXXXXXX/ checkpoints stay on disk (older ones are deleted): a whole number
+    >= 1."""
     best_and_final: bool = True
     """Also write best/ (the weights at each new best val loss) and, at the end, final/ (the last step plus its
     weights consolidated for from_pretrained). False keeps only the keep_last step-XXXXXXXX/ checkpoints: at 1.2B
@@ -86,8 +110,11 @@ class TrainConfig(ConfigBase):
     """Which weights best/ and final/ hold: raw (the trained ones) or ema (the average; needs ema_decay, and best/
     then follows the EMA's val loss). run_config.json in each checkpoint says which (train.best_final_weights)."""
     max_training_hours: float = 0.0
-    """Save and exit cleanly after this many hours; 0 means no limit."""
+    """Save and exit cleanly after this many hours of training (a resume counts on): a number >= 0; 0 means no
+    limit."""
     mixed_precision: str = "no"
+    """The compute dtype under autocast: no (fp32), fp16 (with a loss scaler) or bf16; weights, gradients and
+    optimizer state stay fp32."""
     compile: str = "auto"
     """torch.compile after accelerator.prepare(): auto = on with CUDA only."""
     compile_backend: str = "inductor"
@@ -105,7 +132,10 @@ class TrainConfig(ConfigBase):
     """Recompute each layer's activations in the backward pass: on, off, or auto (on when CUDA is there
     and the plan's memory estimate without it exceeds the GPU's memory)."""
     seed: int = 1337
+    """Seeds torch, numpy and Python's random on every process, and the order of the training blocks (a permutation
+    per epoch): a whole number in [0, 2**32)."""
     log_every: int = 10
+    """Optimizer steps between training-loss lines and tracker scalars (a host sync): a whole number >= 1."""
 
     def validate(self) -> "TrainConfig":
         """Raise PiconeoxError (one line) for a bad value; return self."""

@@ -71,6 +71,7 @@ def test_yaml_and_overrides_apply_in_order(tmp_path):
     ("rp2040-speed", {"model.rotary_pct": "0.25"}, "gives 0 rotary dims"),
     ("test", {"train.seq_len": "4096"}, "train.seq_len=4096 is longer than model.max_position_embeddings=256"),
     ("test", {"train.max_steps": "0"}, "train.max_steps=0: must be a positive integer"),
+    ("test", {"model.vocab_multiple": "0"}, "model.vocab_multiple=0: must be a positive integer"),
     ("test", {"train.max_steps": "ten"}, "train.max_steps='ten': expected int"),
     ("test", {"train.bogus": "1"}, "unknown train setting 'bogus'"),
     ("test", {"train.mixed_precision": "fp8"}, "allowed no, fp16, bf16"),
