@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from utils.ckpt.untrusted.refusal import UnsafeCheckpoint
 from utils.errors import PiconeoxError
 
 
@@ -65,7 +66,6 @@ def check_storage(folder: Path, metadata, path) -> None:
     """Every file the index `path` points into is a plain name of a regular file in `folder`, listed in the folder's
     COMPLETE marker (when it has one), and every slice lies within that file: a load reads nothing else."""
     from utils.ckpt.format import read_marker, regular_file
-    from utils.ckpt.untrusted.safe_load import UnsafeCheckpoint
 
     marker = read_marker(folder)
     sizes: dict[str, int] = {}

@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.utils import _ReaderView
 from utils.ckpt.untrusted.bounded import MAX_HASH_WORK_UNWATCHED, check_pickle, check_torch_zip
 from utils.ckpt.untrusted.index_check import check_storage, index_problem
 from utils.ckpt.untrusted.pickle_walk import MAX_HASH_WORK
+from utils.ckpt.untrusted.refusal import UnsafeCheckpoint, refusal  # noqa: F401 (the door names its refusal)
 from utils.ckpt.untrusted.stoppable import stoppable
 from utils.errors import PiconeoxError, first_line
 
@@ -44,16 +45,6 @@ OTHER_METADATA_GLOBALS = {("torch.distributed.checkpoint.filesystem", "_StorageI
                           ("torch.serialization", "_get_layout"),  # layouts pickle as a lookup by name
                           ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),  # the checkpoint_id it was saved to
                           ("pathlib._local", "PosixPath"), ("pathlib._local", "PurePosixPath")}  # Python >= 3.13
-
-
-class UnsafeCheckpoint(PiconeoxError):
-    """A checkpoint file asks for something a checkpoint may not contain (code, or objects that could run it)."""
-
-
-def refusal(path, what: str) -> UnsafeCheckpoint:
-    return UnsafeCheckpoint(f"{path}: refused to load: it asks for {what}, which a checkpoint may not contain "
-                            "(only tensors, numbers, strings and checkpoint metadata); loading a checkpoint never "
-                            "runs code from it")
 
 
 def metadata_globals() -> frozenset[tuple[str, str]]:
