@@ -24,9 +24,9 @@ def piconeox_model(ckpt: str, data: str):
     import numpy as np
 
     from utils.data.shards import open_shard, read_manifest
-    from utils.generate import load_checkpoint_model
+    from utils.ckpt.read import open_checkpoint
 
-    model, _ = load_checkpoint_model(ckpt)
+    model, _ = open_checkpoint(ckpt)
     m = read_manifest(data)
     val = np.concatenate([open_shard(data, s) for s in m.split_shards("val")])[:-1]  # no end-of-text
     return model.eval(), lambda x: model(input_ids=x).logits, val

@@ -29,7 +29,7 @@ import torch.nn.functional as F  # noqa: E402
 from configs.presets import MODEL_PRESETS, TRAIN_PRESETS, preset_list  # noqa: E402
 from utils.data.prepare import prepare  # noqa: E402
 from utils.ckpt.format import MARKER  # noqa: E402
-from utils.generate import load_checkpoint_model  # noqa: E402
+from utils.ckpt.read import open_checkpoint  # noqa: E402
 from utils.data.shards import open_shard, read_manifest  # noqa: E402
 from utils.errors import CliParser, PiconeoxError, at_least, cli  # noqa: E402
 
@@ -50,7 +50,7 @@ def dataset(preset: str, train: Path, val: Path, out: Path) -> Path:
 @torch.no_grad()
 def val_metrics(ckpt: Path, data: Path) -> tuple[float, float]:
     """(mean loss in nats per token, bits per byte) over the whole val split in blocks of the context."""
-    model, tok = load_checkpoint_model(str(ckpt))
+    model, tok = open_checkpoint(str(ckpt))
     model.eval()
     ids = np.concatenate([open_shard(data, s) for s in read_manifest(data).split_shards("val")]).astype(np.int64)
     ctx = model.config.max_position_embeddings
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         speed, heap = emulated(model_dir, args.tokens)
         sample = subprocess.run([py, "-m", "rp2040.run", str(model_dir), "--prompt", PROMPT, "--max-new-tokens", "48"],
                                 cwd=REPO, check=True, capture_output=True, text=True).stdout
-        params = sum(p.numel() for p in load_checkpoint_model(str(run / "final"))[0].parameters())
+        params = sum(p.numel() for p in open_checkpoint(str(run / "final"))[0].parameters())
         sample = " ".join(re.sub(r"\[\d+ tokens.*\]\s*$", "", sample).split()).replace("|", "\\|")  # drop the rate line
         rows.append(f"| `{preset}` | {params:,} | {(model_dir / 'model.bin').stat().st_size:,} | {heap} | {speed} | "
                     f"{loss:.3f} | {math.exp(loss):.1f} | {bpb:.3f} | {sample} |")

@@ -36,7 +36,7 @@ def runtime_files() -> dict[str, Path]:
 
 def model_files(model_dir: Path) -> dict[str, Path]:
     """Device path -> host file of an exported model; refuses a directory missing any of them."""
-    from utils.ckpt.format import regular_file
+    from utils.ckpt.read import regular_file
 
     model_dir = Path(model_dir)
     paths = {n: regular_file(model_dir, n) for n in MODEL_FILES}  # regular files only: never a link, never a FIFO

@@ -23,7 +23,7 @@ from rp2040.runtime import tokenizer as vf
 from rp2040.runtime.gpt import buffer_bytes, plan_buffers
 from rp2040.vocab_bin import Vocab
 from utils.atomic import atomic_dir, atomic_write_json, check_output_dir
-from utils.ckpt.format import find_checkpoint
+from utils.ckpt.read import find_checkpoint
 from utils.errors import CliParser, PiconeoxError, cli, exit_process
 from utils.diskfull import one_line_when_full
 from utils.textfile import read_json
@@ -63,8 +63,7 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
         raise PiconeoxError(f"{src} has no tokenizer.json: the device needs it to encode and decode text")
     from transformers.utils import logging as hf_logging
 
-    from utils.ckpt.hf.hf_folder import tokenizer_problem
-    from utils.ckpt.load import load_model  # heavy: only once the arguments are known good
+    from utils.ckpt.read import load_model, tokenizer_problem  # heavy: only once the arguments are known good
 
     hf_logging.disable_progress_bar()  # a 1-second load needs no bar; stderr stays one line on error
     model = load_model(src)  # checked against the marker's crc32c when there is one

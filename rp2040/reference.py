@@ -163,8 +163,7 @@ def val_losses(model_dir: Path, text: str, checkpoint: Path | None = None, max_t
     from tokenizers import Tokenizer
 
     from rp2040.bundle import check_model
-    from utils.ckpt.hf.hf_folder import tokenizer_problem
-    from utils.ckpt.load import load_model
+    from utils.ckpt.read import load_model, tokenizer_problem
 
     config = read_json(Path(model_dir) / "config.json", "the model's")
     checkpoint = Path(checkpoint or config["source"])

@@ -19,7 +19,7 @@ import logging
 import math
 from pathlib import Path
 
-from utils.ckpt.format import find_checkpoint
+from utils.ckpt.read import find_checkpoint
 from utils.devices import resolve_device
 from utils.errors import CliParser, PiconeoxError, cli, exit_process
 from utils.atomic import check_output_file
@@ -43,9 +43,9 @@ def load_lm(checkpoint: str, batch_size: int | str, device: str):
     """lm-eval's Hugging Face model wrapper around one of our checkpoints (weights and tokenizer as saved)."""
     from lm_eval.models.huggingface import HFLM
 
-    from utils.generate import load_checkpoint_model
+    from utils.ckpt.read import open_checkpoint
 
-    model, tokenizer = load_checkpoint_model(checkpoint)
+    model, tokenizer = open_checkpoint(checkpoint)
     return HFLM(pretrained=model.to(device).eval(), tokenizer=tokenizer, backend="causal", batch_size=batch_size)
 
 

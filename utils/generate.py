@@ -9,23 +9,12 @@ import argparse
 import math
 from pathlib import Path
 
-from utils.ckpt.format import find_checkpoint
-from utils.ckpt.load import load_model
+from utils.ckpt.read import open_checkpoint
 from utils.data.loader import BlockLoader
 from utils.data.tokenizers import TOKENIZER_FILE, tokenizer_kind
 from utils.errors import CliParser, PiconeoxError, cli, exit_process
 from utils.lm import evaluate, sample_text
 from utils.textfile import printable
-
-
-def load_checkpoint_model(folder: str):
-    """Model and tokenizer of a checkpoint folder (best/, final/, step-XXXXXXXX/, or a run directory: its best/,
-    else final/); files are checked against the marker's crc32c first."""
-    from utils.ckpt.hf.hf_folder import load_tokenizer
-
-    path = find_checkpoint(folder)
-    model = load_model(path)
-    return model, load_tokenizer(path, model.config.vocab_size)
 
 
 def evaluate_checkpoint(model, tokenizer, data_dir: str, seq_len: int, batch_size: int, num_batches: int) -> float:
@@ -63,7 +52,7 @@ def main(argv=None) -> int:
         raise PiconeoxError(f"--seed {args.seed}: must be an integer from 0 to 2**63 - 1")
     if args.top_k < 0:
         raise PiconeoxError(f"--top-k {args.top_k}: must be an integer >= 0 (0 = no top-k filtering)")
-    model, tokenizer = load_checkpoint_model(args.checkpoint)
+    model, tokenizer = open_checkpoint(args.checkpoint)
     if args.eval_data:
         loss = evaluate_checkpoint(model, tokenizer, args.eval_data, model.config.max_position_embeddings,
                                    args.batch_size, args.eval_batches)

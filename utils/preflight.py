@@ -25,7 +25,7 @@ def preflight(cfg, pretrained, folders: tuple[str, Path, Path], processes: int |
     """Check output folders, --data, --init-from, --resume and bucket credentials (configs/run.py checked the rest;
     `cfg` is a configs RunConfig, `folders` its (run name, run dir, log dir)), then sync a bucket --data into this
     machine's cache and return that folder (None for local data)."""
-    from utils.ckpt.format import find_checkpoint
+    from utils.ckpt.read import find_checkpoint
     from utils.data.shards import verify_dataset
     from utils.data.source import DATA_CACHE, check_data_arg, ensure_local
     from utils.run.allocation import machine_folder

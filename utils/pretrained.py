@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from utils.textfile import SMALL_JSON_BYTES, read_json
-from utils.ckpt.format import DCP_INDEX
-from utils.ckpt.hf.hf_folder import check_weights, gpt_neox_config, load_tokenizer, tokenizer_problem, weight_shapes
-from utils.ckpt.load import load_model
+from utils.ckpt.read import (DCP_INDEX, check_weights, foreign_entry, gpt_neox_config, load_model, load_tokenizer,
+                             tokenizer_problem, weight_shapes)
 from utils.data.tokenizers import TOKENIZER_FILE, file_sha256
 from utils.errors import PiconeoxError, first_line
 
@@ -78,7 +77,6 @@ class Pretrained:
 
 def open_pretrained(path: str | Path) -> Pretrained:
     """Check an --init-from folder without loading weights; every problem is one PiconeoxError line."""
-    from utils.ckpt.format import foreign_entry
     from utils.data.tokenizers import read_tokenizer
 
     path = Path(path)

@@ -16,10 +16,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file (the printed command works from any folder): the repository root
     sys.path[0] = str(Path(__file__).resolve().parent.parent)  # not utils/: its evaluate.py would shadow the package
 
-from utils.ckpt.format import MARKER, latest_complete, read_marker
+from utils.ckpt.read import MARKER, latest_complete, newest_verified, read_marker, remote_steps
 from utils import errors
 from utils.errors import CliParser, PiconeoxError
-from utils.ckpt.bucket.remote import newest_verified, remote_steps
 from utils.storage import StorageError, open_storage
 from utils.storage.sync import upload_tree
 

@@ -16,7 +16,7 @@ GGUF_MAGIC = b"GGUF"
 
 def check_not_overwriting(out: Path, checkpoint: Path) -> None:
     """--out replaces only an earlier GGUF, and never writes inside a checkpoint (its files are its manifest's)."""
-    from utils.ckpt.format import MARKER
+    from utils.ckpt.read import MARKER
 
     folder = out.absolute().parent
     inside = folder.resolve().is_relative_to(checkpoint.resolve()) if checkpoint.exists() else False
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True, help="the .gguf file to write (replaced atomically)")
     p.add_argument("--type", default="f16", help="tensor type of the matrices: f32, f16 or q8_0 (default f16)")
     args = p.parse_args(argv)
-    from utils.generate import load_checkpoint_model
+    from utils.ckpt.read import open_checkpoint
     from utils.interop.gguf_export import OUT_TYPES, export_gguf
     from utils.atomic import check_output_file
     from utils.diskfull import one_line_when_full
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         raise PiconeoxError(f"--type {args.type!r} is not one of {', '.join(OUT_TYPES)}")
     check_output_file(args.out, "--out")
     check_not_overwriting(args.out, Path(args.checkpoint))
-    model, tokenizer = load_checkpoint_model(args.checkpoint)
+    model, tokenizer = open_checkpoint(args.checkpoint)
     ckpt = Path(args.checkpoint).resolve()
     name = ckpt.parent.name if ckpt.name in ("best", "final") else ckpt.name  # the run's name
     with one_line_when_full(args.out.absolute().parent, f"GGUF file {args.out.name}"):

@@ -1,45 +1,52 @@
 """The house rules as functions of a repository root: each returns what breaks a rule, one line per break.
 
-The rules live in docs/house.yaml (rooms, what each may import, size limits and their named exceptions); the map
-of modules in docs/development.md is generated from it (`python -m tests.support.house --write`). Imports are read
-with `ast` (`import x`, `from x import y`, relative ones resolved, also those inside functions), nothing is run.
-"""
+The rules live in docs/house.yaml (places, rooms on floors, what each may import and through which doors, size
+limits and their named exceptions); the map of modules in docs/development.md is generated from it (`python -m
+tests.support.house --write`). The imports are read by tests/support/house_graph.py; nothing is run."""
 from __future__ import annotations
 
 import argparse
 import ast
-import os
 import re
 import sys
 from pathlib import Path
 
 import yaml
 
+from tests.support.house_graph import (SKIP_PARTS, dotted, hidden_imports, imported_names, knots, module_index,
+                                       py_files, shortest_loop, target_file)
+from tests.support.house_order import allowed_rooms, order_breaks
+
 RULES = Path("docs/house.yaml")
 MAP_PAGE = Path("docs/development.md")
 MAP_BEGIN = "<!-- house map: generated from docs/house.yaml by `python -m tests.support.house --write` -->"
 MAP_END = "<!-- end of the house map -->"
-PRODUCT_DIRS = ("utils", "configs", "rp2040")
-SKIP_PARTS = {"node_modules", ".venv", "__pycache__", ".git", ".cache"}
 
 
 def load_rules(root: Path) -> dict:
     return yaml.safe_load((root / RULES).read_text(encoding="utf-8"))
 
 
-def _py_files(folder: Path) -> list[Path]:
-    """The .py files under `folder`, not descending into SKIP_PARTS (rp2040/node_modules is large)."""
-    found = []
-    for here, dirs, files in os.walk(folder):
-        dirs[:] = [d for d in dirs if d not in SKIP_PARTS and not d.startswith(".")]
-        found += [Path(here) / f for f in files if f.endswith(".py")]
-    return sorted(found)
-
-
-def product_modules(root: Path) -> list[str]:
-    """Every product module as a path relative to `root`: the top-level scripts and each .py under PRODUCT_DIRS."""
-    files = sorted(root.glob("*.py")) + [p for d in PRODUCT_DIRS if (root / d).is_dir() for p in _py_files(root / d)]
+def product_modules(root: Path, rules: dict | None = None) -> list[str]:
+    """Every product module as a path relative to `root`: the top-level scripts and each .py under the product
+    places of the rules."""
+    places = [d.rstrip("/") for d in (rules or load_rules(root))["places"]["product"]]
+    files = sorted(root.glob("*.py")) + [p for d in places if (root / d).is_dir() for p in py_files(root / d)]
     return [p.relative_to(root).as_posix() for p in files]
+
+
+def place_breaks(root: Path, rules: dict | None = None) -> list[str]:
+    """Top-level folders holding Python that the rules' places do not claim (as product or as not product)."""
+    places = (rules or load_rules(root))["places"]
+    claimed = {d.rstrip("/") for d in [*places["product"], *places["not_product"]]}
+    breaks = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in SKIP_PARTS | claimed
+                         and not p.name.startswith(".")):
+        if found := py_files(folder):
+            breaks.append(f"{folder.name}/: a top-level folder holding Python ({found[0].relative_to(root).as_posix()})"
+                          f" that no room claims; name it in {RULES} places (product, with rows for its modules, or "
+                          "not_product with its reason)")
+    return breaks
 
 
 def room_of(rules: dict) -> dict[str, dict]:
@@ -77,75 +84,49 @@ def missing_rows(root: Path, rules: dict | None = None) -> list[str]:
                 breaks.append(f"{path}: in the map (room {room['name']}) but no such file")
             if Path(path).stem not in mentioned:
                 breaks.append(f"{path}: room {room['name']} lists it but its text never names `{Path(path).stem}`")
-    for path in product_modules(root):
+    for path in product_modules(root, rules):
         if path not in rooms and not path.endswith("__init__.py"):  # an __init__.py: see import_breaks
             breaks.append(f"{path}: no row in the map ({RULES}: add it to a room's modules and text)")
     return breaks
 
 
-def _dotted(path: str) -> str:
-    name = path[:-3].replace("/", ".")
-    return name[: -len(".__init__")] if name.endswith(".__init__") else name
-
-
-def _module_index(root: Path) -> dict[str, str]:
-    """Dotted module name -> path, for every .py of the repository."""
-    return {_dotted(p.relative_to(root).as_posix()): p.relative_to(root).as_posix() for p in _py_files(root)}
-
-
-def imported_names(source: str, path: str, index: dict[str, str]) -> list[tuple[int, str]]:
-    """(line, dotted name) of every import in `source`, anywhere in the file; `from a import b` gives `a.b` when
-    that is a module of `index`, else `a`; relative imports are resolved against `path`."""
-    package = _dotted(path).split(".")
-    if not path.endswith("__init__.py"):
-        package = package[:-1]
-    names = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            module = ".".join(base + ([node.module] if node.module else []))
-            for alias in node.names:
-                full = f"{module}.{alias.name}" if module else alias.name
-                names.append((node.lineno, full if full in index or not module else module))
-    return names
-
-
-def _target(name: str, index: dict[str, str]) -> str | None:
-    """The file a dotted import name lands in: the longest prefix that is a module."""
-    parts = name.split(".")
-    while parts and ".".join(parts) not in index:
-        parts.pop()
-    return index[".".join(parts)] if parts else None
+def _room_at(path: str, rooms: dict[str, dict]) -> dict | None:
+    return rooms.get(path) or (_init_room(path, rooms) if path.endswith("__init__.py") else None)
 
 
 def import_breaks(root: Path, rules: dict | None = None) -> list[str]:
-    """Imports of project modules and third-party packages that a module's room does not allow."""
+    """Imports of project modules and third-party packages that a module's room does not allow, imports of a
+    room's inner modules past its doors, and imports the rules cannot see (importlib, __import__)."""
     rules = rules or load_rules(root)
-    rooms, index = room_of(rules), _module_index(root)
+    rooms, index = room_of(rules), module_index(root)
     local = {name.split(".")[0] for name in index}
     breaks = []
-    for path in product_modules(root):
-        room = rooms.get(path) or (_init_room(path, rooms) if path.endswith("__init__.py") else None)
-        allowed = set(room["may_import"]) | set(rules["everyone_may_import"]) | {room["name"]} if room else set()
-        names = imported_names((root / path).read_text(encoding="utf-8"), path, index)
+    for path in product_modules(root, rules):
+        room = _room_at(path, rooms)
+        allowed = allowed_rooms(room, rules) if room else set()
+        source = (root / path).read_text(encoding="utf-8")
+        names = imported_names(source, path, index)
         packages = set(room["packages"]) if room else set()
+        breaks += hidden_imports(source, path, local)
         for line, name in names:
             top = name.split(".")[0]
             if top not in local | packages | set(sys.stdlib_module_names) and "*" not in packages:
                 breaks.append(f"{path}:{line}: imports {top}; room {room['name'] if room else '(none)'} may import "
                               f"{_allowed_text(room, rules)}")
-            if top not in local or (target := _target(name, index)) is None:
+            if top not in local or (target := target_file(name, index)) is None:
                 continue
             if target.startswith(("tests/", "benchmarks/")):
                 breaks.append(f"{path}:{line}: imports {name}: product code never imports tests or benchmarks")
                 continue
-            to = rooms.get(target) or (_init_room(target, rooms) if target.endswith("__init__.py") else None)
-            if to is not None and (to["name"] in allowed or "*" in allowed):
+            to = _room_at(target, rooms)
+            if to is not None and to["name"] in allowed:
+                if to is not room and to.get("doors") and target not in to["doors"]:
+                    doors = ", ".join(dotted(d) for d in to["doors"])
+                    breaks.append(f"{path}:{line}: imports {dotted(target)}, behind the doors of room {to['name']}: "
+                                  f"other rooms import only {doors}")
                 continue
             where = f"room {to['name']}" if to else "no room"
-            breaks.append(f"{path}:{line}: imports {_dotted(target)} ({where}); room "
+            breaks.append(f"{path}:{line}: imports {dotted(target)} ({where}); room "
                           f"{room['name'] if room else '(none)'} may import {_allowed_text(room, rules)}")
     return sorted(set(breaks))
 
@@ -157,14 +138,34 @@ def _allowed_text(room: dict | None, rules: dict) -> str:
     return ", ".join(rooms + room["packages"]) or "only the standard library"
 
 
+def cycle_breaks(root: Path, rules: dict | None = None) -> list[str]:
+    """Import cycles between product files (imports inside functions count: they only delay the cycle), one line
+    per knot of files that import each other, naming its shortest loop."""
+    rules = rules or load_rules(root)
+    index, modules = module_index(root), set(product_modules(root, rules))
+    edges: dict[str, dict[str, int]] = {}
+    for path in sorted(modules):
+        for line, name in imported_names((root / path).read_text(encoding="utf-8"), path, index):
+            target = target_file(name, index)
+            if target in modules and target != path:
+                edges.setdefault(path, {}).setdefault(target, line)
+    breaks = []
+    for knot in knots(edges):
+        loop = min((shortest_loop(start, edges, knot) for start in knot), key=lambda loop: (len(loop), loop))
+        steps = " -> ".join(f"{a}:{edges[a][b]}" for a, b in zip(loop, loop[1:]))
+        breaks.append(f"import cycle: {steps} -> {loop[-1]} (files that import each other; move what they share "
+                      "below both)")
+    return breaks
+
+
 def size_breaks(root: Path, rules: dict | None = None) -> list[str]:
     """Files over the line limit and functions over theirs that size_exceptions do not name, and exceptions that
     no longer apply (or name nothing)."""
     rules = rules or load_rules(root)
     limits = rules["limits"]
     excused = {e["what"] for e in rules["size_exceptions"]}
-    paths = product_modules(root) + [p.relative_to(root).as_posix() for d in ("tests", "benchmarks")
-                                     if (root / d).is_dir() for p in _py_files(root / d)]
+    paths = product_modules(root, rules) + [p.relative_to(root).as_posix() for d in ("tests", "benchmarks")
+                                     if (root / d).is_dir() for p in py_files(root / d)]
     over = set()
     for path in paths:
         source = (root / path).read_text(encoding="utf-8")
@@ -192,19 +193,19 @@ def _plugins(source: str) -> list[tuple[int, str]]:
 def test_import_breaks(root: Path) -> list[str]:
     """Test modules (tests/**/test_*.py, conftest.py) and benchmarks import from `tests` only `tests.support`
     (also the plugins a conftest names)."""
-    index = _module_index(root)
-    paths = [p.relative_to(root).as_posix() for p in _py_files(root / "tests")
+    index = module_index(root)
+    paths = [p.relative_to(root).as_posix() for p in py_files(root / "tests")
              if p.name.startswith("test_") or p.name == "conftest.py"] if (root / "tests").is_dir() else []
-    paths += [p.relative_to(root).as_posix() for p in _py_files(root / "benchmarks")] \
+    paths += [p.relative_to(root).as_posix() for p in py_files(root / "benchmarks")] \
         if (root / "benchmarks").is_dir() else []
     breaks = []
     for path in paths:
         source = (root / path).read_text(encoding="utf-8")
         for line, name in imported_names(source, path, index) + _plugins(source):
-            target = _target(name, index)
+            target = target_file(name, index)
             if target and target.startswith("tests/") and not target.startswith("tests/support/") \
                     and target != "tests/__init__.py":
-                breaks.append(f"{path}:{line}: imports {_dotted(target)}: tests and benchmarks import from tests "
+                breaks.append(f"{path}:{line}: imports {dotted(target)}: tests and benchmarks import from tests "
                               "only tests.support")
     return sorted(set(breaks))
 
@@ -214,14 +215,16 @@ test_import_breaks.__test__ = False  # a checker, not a pytest test
 
 def render_map(rules: dict) -> str:
     """The map table of docs/development.md, from the rules."""
-    rows = ["| place | what it owns | may import |", "|---|---|---|"]
+    rows = ["| floor | place | what it owns | may import |", "|---|---|---|---|"]
     for room in rules["rooms"]:
-        may = "everything" if "*" in room["may_import"] else ", ".join(f"`{r}`" for r in room["may_import"])
+        may = "every room below" if "*" in room["may_import"] else ", ".join(f"`{r}`" for r in room["may_import"])
         packages = ", ".join(room["packages"]) if "*" not in room["packages"] else ""
         cell = "; ".join(part for part in (may, packages) if part) or "only the standard library"
         cell += f" ({room['note']})" if room.get("note") else ""
         place = room["place"] if room["place"] == f"`{room['name']}`" else f"{room['place']} (`{room['name']}`)"
-        rows.append(f"| {place} | {room['owns']} | {cell} |")
+        doors = ", ".join(f"`{Path(d).stem}`" for d in room.get("doors") or {})
+        owns = room["owns"] + (f"; other rooms enter only by {doors}" if doors else "")
+        rows.append(f"| {room['floor']} | {place} | {owns} | {cell} |")
     return "\n".join(rows)
 
 
@@ -254,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         write_map(root)
     from tests.support.house_links import link_breaks, path_breaks
 
-    breaks = (missing_rows(root) + import_breaks(root) + size_breaks(root) + test_import_breaks(root)
-              + map_breaks(root) + link_breaks(root) + path_breaks(root))
+    breaks = (order_breaks(load_rules(root)) + place_breaks(root) + missing_rows(root) + import_breaks(root)
+              + cycle_breaks(root) + size_breaks(root) + test_import_breaks(root) + map_breaks(root)
+              + link_breaks(root) + path_breaks(root))
     print("\n".join(breaks) or "the house rules hold")
     return 1 if breaks else 0
 

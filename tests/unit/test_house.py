@@ -79,7 +79,7 @@ def test_an_import_that_breaks_a_rule_fails(copy):
                                            " a function", "    import tensorboard", ""]))
     breaks = house.import_breaks(copy)
     assert [b.split(";")[0] for b in breaks] == [
-        f"utils/run/lifeline.py:{len(lines) + 4}: imports utils.ckpt.format (room utils/ckpt/)",
+        f"utils/run/lifeline.py:{len(lines) + 4}: imports utils.ckpt.format (room utils/ckpt/format.py)",
         f"utils/run/lifeline.py:{len(lines) + 5}: imports tensorboard"]
     assert breaks[0].endswith("room utils/run/ may import utils/distributed.py, utils/sharding.py, basics, torch, "
                               "accelerate")
