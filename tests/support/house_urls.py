@@ -18,7 +18,7 @@ import ast
 import re
 from pathlib import Path
 
-from tests.support.house import PRODUCT_DIRS, SKIP_PARTS
+from tests.support.house import product_modules
 
 SCHEME = re.compile(r"\b(gs|s3|file)://")
 BARE = re.compile(r"(gs|s3|file)://")
@@ -70,11 +70,8 @@ def breaks_in(source: str, path: str) -> list[str]:
 
 
 def product_files(root: Path) -> list[Path]:
-    """The product's Python files: the rooms' folders and the top-level scripts."""
-    files = [p for p in root.glob("*.py")]
-    for folder in PRODUCT_DIRS:
-        files += [p for p in (root / folder).rglob("*.py") if not SKIP_PARTS & set(p.relative_to(root).parts)]
-    return sorted(files)
+    """The product's Python files: the top-level scripts and the product places of docs/house.yaml."""
+    return [root / path for path in product_modules(root)]
 
 
 def url_parsing_breaks(root: Path) -> list[str]:
