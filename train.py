@@ -161,7 +161,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     from utils.run.allocation import machine_folder
     from utils.ema import WeightEMA
     from utils.lm import auto_micro_batch
-    from utils.optim import check_allowed
+    from utils.optim import check_allowed, state_bytes
     from utils.report.metrics import MetricsWriter, peak_flops, setup_logging
     from utils.report.progress import TrainReport, log_start
     from utils.report.trackers import parse_report_to
@@ -218,6 +218,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     parts = training_parts(scheduler=scheduler, scaler=accelerator.scaler, loader=train_loader, trainer=state,
                            metrics=metrics, ema=ema)
     ckpt.attach(unwrapped, optimizer.optimizer, parts, run_config=run_config, tokenizer=tokenizer,
+                optimizer_bytes=state_bytes(unwrapped, tc.optimizer),
                 published="ema" if tc.best_final_weights == "ema" else None)
     if resume_from:
         ckpt.restore(resume_from)

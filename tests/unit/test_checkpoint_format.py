@@ -118,8 +118,9 @@ def test_gpu_rng_of_a_bigger_box_restores_on_a_smaller_one(monkeypatch):
 def test_a_grace_period_too_short_for_a_save_is_said_at_start_up(tmp_path, tiny_data):
     from utils.ckpt.state import grace_warning
 
-    assert grace_warning(1_414_647_808, 8, 30, bucket=True) is None  # 1.2B on 8 ranks: 2.1 GB per rank fits
-    assert "cannot hold a save of 16.98 GB per rank" in grace_warning(1_414_647_808, 1, 30, bucket=True)
+    adamw = 12 * 1_414_647_808  # 1.2B: fp32 weights and AdamW's two moments
+    assert grace_warning(adamw, 8, 30, bucket=True) is None  # on 8 ranks: 2.1 GB per rank fits
+    assert "cannot hold a save of 16.98 GB per rank" in grace_warning(adamw, 1, 30, bucket=True)
     code, _, _ = run(tmp_path, tiny_data, "--max-steps", "1", "--grace-seconds", "0.0001",
                      "--checkpoint-bucket", str(tmp_path / "bucket"))
     log = (tmp_path / "logs" / "run" / "training.log").read_text()
@@ -163,7 +164,7 @@ def test_saves_lagging_behind_hold_one_staging_set_and_a_second_while_a_write_la
     from utils.ckpt.checkpointer import Checkpointer
     from utils.ckpt.uploader import CheckpointUploader
     from utils.data.tokenizers import load_tokenizer
-    from utils.optim import build_optimizer
+    from utils.optim import build_optimizer, state_bytes
 
     stager = ckpt_state.Stager()  # this test's own, so earlier runs' sets do not count
     monkeypatch.setattr(ckpt_state, "_stager", stager)
@@ -183,7 +184,8 @@ def test_saves_lagging_behind_hold_one_staging_set_and_a_second_while_a_write_la
     uploader = CheckpointUploader(None, keep_local=5, progress=False)
     ckpt = Checkpointer(RunSettings(), tmp_path, uploader, best_and_final=False, accelerator=Accelerator(cpu=True),
                         metrics=None, log=logging.getLogger("piconeox"))
-    ckpt.attach(model, optimizer, {}, run_config={}, tokenizer=load_tokenizer(tiny_data))
+    ckpt.attach(model, optimizer, {}, run_config={}, tokenizer=load_tokenizer(tiny_data),
+                optimizer_bytes=state_bytes(model, "adamw"))
     with ckpt:
         try:
             ckpt.save(1)

@@ -4,7 +4,7 @@
                                                    accelerator=accelerator, metrics=metrics, log=log))
     resume_from = ckpt.agree(cache)             # rank 0 decides the resume folder, every rank gets it
     cfg, tokenizer_sha256 = ckpt.resumed_config(cfg, data_dir)
-    ckpt.attach(model, optimizer, parts, run_config=..., tokenizer=...)   # parts: utils/ckpt/parts.py
+    ckpt.attach(model, optimizer, parts, run_config=..., tokenizer=..., optimizer_bytes=...)  # utils/ckpt/parts.py
     ckpt.restore(resume_from)                   # every part back in place
     ckpt.save(step); ckpt.save_best(step)       # only the copy off the device blocks; the saver thread writes
     reason = ckpt.poll(step)                    # every step: a reason to stop after too many failed saves
@@ -84,15 +84,16 @@ class Checkpointer:
         model shape or tokenizer and keeps the checkpoint's tokens per step."""
         return resume.resumed_config(cfg, self.resume_from, self.accelerator.num_processes, data_dir)
 
-    def attach(self, model, optimizer, parts: dict[str, Part], *, run_config: dict, tokenizer,
+    def attach(self, model, optimizer, parts: dict[str, Part], *, run_config: dict, tokenizer, optimizer_bytes: int,
                published: str | None = None) -> None:
         """What every save holds: the unwrapped `model` and torch `optimizer` (DCP shards) and the `parts`;
+        `optimizer_bytes`: the optimizer's whole state (utils.optim.state_bytes), for the grace's start-up check;
         `published`: the sharded part best/ and final/ take their weights from (None: the model's)."""
         acc = self.accelerator
         self._registry = Registry(model, optimizer, parts, run_config=run_config, tokenizer=tokenizer,
                                   rank=acc.process_index, world_size=acc.num_processes, published=published)
-        n_params = sum(p.numel() for p in model.parameters())
-        if acc.is_main_process and (note := grace_warning(n_params, acc.num_processes, self.settings.grace_seconds,
+        save_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) + optimizer_bytes
+        if acc.is_main_process and (note := grace_warning(save_bytes, acc.num_processes, self.settings.grace_seconds,
                                                           self._uploader.store is not None)):
             self.log.warning(note)
 

@@ -234,12 +234,13 @@ WRITE_BYTES_PER_S = 500e6
 UPLOAD_BYTES_PER_S = 100e6
 
 
-def grace_warning(n_params: int, world_size: int, grace_seconds: float, bucket: bool) -> str | None:
+def grace_warning(save_bytes: int, world_size: int, grace_seconds: float, bucket: bool) -> str | None:
     """A start-up line when --grace-seconds cannot hold a save of this model (None when it can).
 
-    Each rank writes (and uploads) only its shard: fp32 weights and two AdamW states, 12 bytes a parameter.
+    `save_bytes`: the sharded state of one save over all ranks (the weights and the optimizer's state, as
+    utils.optim.state_bytes counts it); each rank writes (and uploads) only its shard.
     """
-    shard = 12 * n_params / world_size
+    shard = save_bytes / world_size
     need = shard / WRITE_BYTES_PER_S + (shard / UPLOAD_BYTES_PER_S if bucket else 0)
     if need <= grace_seconds:
         return None
