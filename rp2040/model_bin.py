@@ -225,7 +225,11 @@ def encode_model(state: dict, shape: Shape, dtype: str) -> bytes:
         p = np.concatenate([np.asarray(x, np.float32).ravel() for x in sum(t.layer_params, []) + t.final_norm])
         p = p.astype("<f4")
         mats = [t.embedding] + sum(t.layer_mats, []) + ([t.head] if t.head is not None else [])
-    w = np.concatenate([np.asarray(m).ravel() for m in mats]).astype("i1" if dtype == "int8" else "<f4")
+    if dtype == "int8":  # v4: each matrix 4-row interleaved where it fits, padded to a multiple of 4 bytes
+        parts = [interleave(m) if interleavable(*m.shape) else m.astype("i1").tobytes() for m in mats]
+        w = np.frombuffer(b"".join(p + b"\0" * (-len(p) % 4) for p in parts), "i1")
+    else:
+        w = np.concatenate([np.asarray(m).ravel() for m in mats]).astype("<f4")
     flags = (mf.FLAG_TIED if shape.tied else 0) | (mf.FLAG_PARALLEL_RESIDUAL if shape.parallel_residual else 0)
     header = struct.pack(mf.HEADER_FORMAT, mf.MAGIC, mf.VERSION, mf.DTYPE_NAMES.index(dtype), flags,
                          shape.vocab, shape.hidden, shape.layers, shape.heads, shape.inter, shape.context,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rp2040.model_bin import deinterleave
 from rp2040.reference_ops import exp_q15, fits, gelu, layernorm, linear, quantize, rotate, shr
 from rp2040.runtime import fixed as fx
 from rp2040.runtime.modelfile import HEADER_SIZE, FormatError, Header, Layout
@@ -45,22 +46,26 @@ class ReferenceModel:
         self.cos = c[lay.cos:lay.cos + h.context * half].reshape(h.context, half)
         self.sin = c[lay.sin:lay.sin + h.context * half].reshape(h.context, half)
         self.eps = int(c[fx.C_EPS])
-        self.embed = w[:lay.w_layers0].reshape(h.vocab, d)
+        def mat(at, n_out, n_in):  # row-major int8, whatever the file's layout
+            raw = w[at:at + n_out * n_in]
+            return deinterleave(raw, n_out, n_in) if h.interleaved(n_out, n_in) else raw.reshape(n_out, n_in)
+
+        self.embed = mat(0, h.vocab, d)
         self.embed_m, self.embed_s = p[lay.s_embed:lay.s_embed + h.vocab], int(c[fx.C_EMBED_S])
         if h.tied:
             self.head, self.head_m = self.embed, self.embed_m
         else:
-            self.head = w[lay.w_head:lay.w_head + h.vocab * d].reshape(h.vocab, d)
+            self.head = mat(lay.w_head, h.vocab, d)
             self.head_m = p[lay.s_head:lay.s_head + h.vocab]
         self.head_s = int(c[fx.C_HEAD_S])
         self.final = (p[lay.final_ln_w:lay.final_ln_w + d], p[lay.final_ln_b:lay.final_ln_b + d], int(c[fx.C_FINAL_S]))
         self.layers = []
         for i in range(h.layers):
             b = p[i * lay.p_layer:(i + 1) * lay.p_layer]
-            wl = w[lay.w_layers0 + i * lay.w_layer:lay.w_layers0 + (i + 1) * lay.w_layer]
+            wl = lay.w_layers0 + i * lay.w_layer
             sh = [int(v) for v in b[lay.shifts:lay.shifts + 6]]
-            mats = [wl[lay.qkv:lay.dense].reshape(3 * d, d), wl[lay.dense:lay.fc_in].reshape(d, d),
-                    wl[lay.fc_in:lay.fc_out].reshape(n, d), wl[lay.fc_out:].reshape(d, n)]
+            mats = [mat(wl + lay.qkv, 3 * d, d), mat(wl + lay.dense, d, d), mat(wl + lay.fc_in, n, d),
+                    mat(wl + lay.fc_out, d, n)]
             self.layers.append({
                 "ln1": (b[lay.ln1_w:lay.ln1_b], b[lay.ln1_b:lay.ln2_w], sh[0]),
                 "ln2": (b[lay.ln2_w:lay.ln2_b], b[lay.ln2_b:lay.qkv_b], sh[1]),

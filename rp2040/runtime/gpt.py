@@ -100,7 +100,7 @@ class Model:
             read_into(f, lay.p_offset, self.params, 4 * lay.n_params)
             read_into(f, lay.w_offset, self.weights, lay.n_weights * h.itemsize)
             f.close()
-        self.chunk = head_chunk(h) if stream else h.vocab
+        self.chunk = (head_chunk(h) >> 2) << 2 if stream else h.vocab  # whole 4-row blocks of an interleaved head
 
     def _fetch(self, w_el, w_len, p_el, p_len):
         """(w, w_off, p, p_off) addressing W elements w_el.. and P elements p_el..; streaming reads
@@ -153,7 +153,25 @@ class IntGPT(Model):
 
     def _linear(self, out, x, n_out, n_in, limit, w, w_off, p, m_off, shift, b_off):
         s = IK.quantize(self.xq, 0, x, 0, n_in, limit)
-        IK.matvec(out, w, w_off, self.xq, n_out, n_in, p, m_off, shift - s, b_off)
+        mv = IK.matvec4 if self.h.interleaved(n_out, n_in) else IK.matvec
+        mv(out, w, w_off, self.xq, n_out, n_in, p, m_off, shift - s, b_off)
+
+    def _embed(self, token, d):
+        """x = the token's embedding row, in Q16 (a row of an interleaved table is every 4th byte of its block)."""
+        x, lay = self.x, self.lay
+        mult = self.params[lay.s_embed - self.p_base + token]
+        s = self.params[self.c_off + fx.C_EMBED_S] - fx.ACT_FRAC
+        if self.h.interleaved(self.h.vocab, d):
+            w, k, _, _ = self._fetch((token >> 2) * 4 * d, 4 * d, 0, 0)
+            k += token & 3
+            for i in range(d):
+                y = ((w[k + 4 * i] & 255) - 128) * mult
+                x[i] = y >> s if s >= 0 else y << -s
+            return
+        w, k, _, _ = self._fetch(token * d, d, 0, 0)
+        for i in range(d):
+            y = w[k + i] * mult
+            x[i] = y >> s if s >= 0 else y << -s
 
     def forward(self, token, pos):
         """Run one token at position `pos` (0-based, < context); returns the int32 logits (Q16)."""
@@ -162,12 +180,7 @@ class IntGPT(Model):
         d, n, hd, half = h.hidden, h.inter, h.head_dim, h.rotary_dims // 2
         x, h1, h2, qkv, att, out, mlp = self.x, self.h1, self.h2, self.qkv, self.attn, self.out, self.mlp
         ld, ln = self.limit_d, self.limit_n
-        w, k, _, _ = self._fetch(token * d, d, 0, 0)
-        mult = prm[lay.s_embed - self.p_base + token]
-        s = prm[self.c_off + fx.C_EMBED_S] - fx.ACT_FRAC
-        for i in range(d):
-            y = w[k + i] * mult
-            x[i] = y >> s if s >= 0 else y << -s
+        self._embed(token, d)
         cos, sin = self.cos_off + pos * half, self.sin_off + pos * half
         for layer in range(h.layers):
             w, w0, p, pb = self._fetch(lay.w_layers0 + layer * lay.w_layer, lay.w_layer,
@@ -201,10 +214,11 @@ class IntGPT(Model):
         s = IK.quantize(self.xq, 0, h1, 0, d, ld)
         shift = prm[self.c_off + fx.C_HEAD_S] - s
         logits = memoryview(self.logits)
+        mv = IK.matvec4 if h.interleaved(h.vocab, d) else IK.matvec
         for r0 in range(0, h.vocab, self.chunk):  # one chunk unless streaming
             rows = min(self.chunk, h.vocab - r0)
             w, w0, _, _ = self._fetch(lay.w_head + r0 * d, rows * d, 0, 0)
-            IK.matvec(logits[r0:r0 + rows], w, w0, self.xq, rows, d, prm, lay.s_head - self.p_base + r0, shift, -1)
+            mv(logits[r0:r0 + rows], w, w0, self.xq, rows, d, prm, lay.s_head - self.p_base + r0, shift, -1)
         return self.logits
 
 

@@ -16,7 +16,8 @@ except ImportError:  # a build without binascii.crc32 cannot verify the checksum
     crc32 = None
 
 MAGIC = b"PNXM"
-VERSION = 3
+VERSION = 4
+VERSIONS = (3, 4)  # 3: every matrix row-major; 4: int8 matrices in 4-row interleaved blocks where they fit
 HEADER_SIZE = 64
 # magic, version, dtype, flags, vocab, hidden, layers, heads, intermediate, context, rotary dims,
 # P values, W bytes, norm eps, rotary base; the rest of the 64 bytes is reserved (zero).
@@ -41,8 +42,9 @@ class Header:
         (_, self.version, self.dtype, flags, self.vocab, self.hidden, self.layers, self.heads,
          self.inter, self.context, self.rotary_dims, self.n_params, self.weight_bytes,
          self.norm_eps, self.rotary_base) = struct.unpack_from(HEADER_FORMAT, raw, 0)
-        if self.version != VERSION:
-            raise FormatError("model.bin is version %d; this runtime reads version %d" % (self.version, VERSION))
+        if self.version not in VERSIONS:
+            raise FormatError("model.bin is version %d; this runtime reads versions 3 and 4 (export it again)"
+                              % self.version)
         if self.dtype not in (DTYPE_F32, DTYPE_INT8):
             raise FormatError("model.bin dtype %d is unknown (0 = f32, 1 = int8)" % self.dtype)
         self.tied = bool(flags & FLAG_TIED)
@@ -52,6 +54,11 @@ class Header:
         self.typecode = "b" if self.int8 else "f"
         self.itemsize = 1 if self.int8 else 4
         self.p_typecode = "i" if self.int8 else "f"  # section P: int32 fixed point, or float32
+        self.blocked = self.int8 and self.version >= 4  # v4 int8: matrices padded to 4 bytes, interleaved
+
+    def interleaved(self, n_out, n_in):
+        """Whether the [n_out, n_in] matrix is stored in 4-row interleaved blocks (bytes q + 128; FORMAT.md)."""
+        return self.blocked and n_out % 4 == 0 and n_in % 8 == 0
 
 
 class Layout:
@@ -85,11 +92,17 @@ class Layout:
         self.n_consts = self.sin + h.context * half
         self.n_params = self.consts + self.n_consts if h.int8 else self.s_embed
         # W: embedding [v x d]; per layer qkv [3d x d] dense [d x d] fc_in [n x d] fc_out [d x n]; head.
-        self.qkv, self.dense, self.fc_in, self.fc_out = 0, 3 * d * d, 4 * d * d, 4 * d * d + n * d
-        self.w_layer = 4 * d * d + 2 * n * d
-        self.w_layers0 = v * d
+        # v4 int8 pads each matrix to a multiple of 4 bytes, so every matrix starts word aligned.
+        def size(n_out, n_in):
+            return (n_out * n_in + 3) & ~3 if h.blocked else n_out * n_in
+
+        self.qkv, self.dense = 0, size(3 * d, d)
+        self.fc_in = self.dense + size(d, d)
+        self.fc_out = self.fc_in + size(n, d)
+        self.w_layer = self.fc_out + size(d, n)
+        self.w_layers0 = size(v, d)
         self.w_head = 0 if h.tied else self.w_layers0 + layers * self.w_layer
-        self.n_weights = self.w_layers0 + layers * self.w_layer + (0 if h.tied else v * d)
+        self.n_weights = self.w_layers0 + layers * self.w_layer + (0 if h.tied else size(v, d))
         if self.n_params != h.n_params or self.n_weights * h.itemsize != h.weight_bytes:
             raise FormatError("model.bin header sizes do not match its shape (corrupt or foreign file)")
         self.p_offset = HEADER_SIZE  # byte offsets in the file
