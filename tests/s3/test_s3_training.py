@@ -78,6 +78,8 @@ def test_bad_s3_input_is_one_line_in_each_command(s3_server, tiny_data, tmp_path
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     cases = [("download_training_data", ["--push", str(tiny_data), "--dest", s3_server.url("d")]),
-             ("train", [*TINY, "--data", s3_server.url("d"), "--output-dir", str(tmp_path / "c")])]
+             ("train", [*TINY, "--data", s3_server.url("d"), "--output-dir", str(tmp_path / "c")]),
+             ("train", [*TINY, "--data", str(tiny_data), "--checkpoint-bucket", s3_server.url("ckpt"),
+                        "--output-dir", str(tmp_path / "c")])]
     for (module, argv), (code, err) in zip(cases, run_cli_cases(cases, tmp_path)):
         assert_one_error_line(code, err, "no AWS credentials found", f"{module} {argv} without credentials")
