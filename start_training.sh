@@ -125,7 +125,9 @@ extra_args=("$@")
 # utils/run/allocation.py's to know: outside one it hands the flags back unchanged.
 alloc=$(PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m utils.run.allocation "$machines" "$rank" "$ip" \
   "$port" "$gpus") || exit $?
-{ read -r machines; read -r rank; read -r ip; read -r port; read -r gpus; } <<< "$alloc"
+# $(...) drops the trailing empty lines of flags left unset: a read past the end leaves its variable empty and
+# fails, which set -e would turn into a silent exit 1
+{ read -r machines; read -r rank; read -r ip; read -r port; read -r gpus; } <<< "$alloc" || true
 
 # How many CUDA GPUs the run can use: what torch sees (CUDA_VISIBLE_DEVICES applies). nvidia-smi only
 # explains a zero: GPUs present but a CPU-only torch build, or no driver at all.
