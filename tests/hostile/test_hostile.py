@@ -19,6 +19,7 @@ import subprocess
 import pytest
 
 from tests.support import hostile_checkpoints as hc
+from tests.support import hostile_folders  # noqa: F401 (registers its cases)
 from tests.support import hostile_io  # noqa: F401 (registers its cases)
 from tests.support.bounds import bound
 from tests.support.hostile import (

@@ -57,7 +57,7 @@ for case_id, module, argv, cwd in json.load(sys.stdin):
 """
 
 
-CASES: list["Case"] = []  # every case of tests/support/hostile_checkpoints.py and tests/support/hostile_io.py, in order
+CASES: list["Case"] = []  # every case of hostile_checkpoints.py, hostile_folders.py and hostile_io.py, in order
 
 
 def case(id, message, code=2, **kw):
