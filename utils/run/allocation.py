@@ -108,9 +108,15 @@ def from_slurm(env: Mapping[str, str], first_address: Callable[[str], str] = sco
     return Allocation("Slurm", nodes, rank, ip, port, slurm_gpus(env))
 
 
+def operator_address(env: Mapping[str, str]) -> str | None:
+    """The main machine's address a Kubernetes torch job names (PET_MASTER_ADDR, else MASTER_ADDR); None outside
+    one. Its DNS name may resolve only once that pod is up."""
+    return env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR") or None
+
+
 def from_torch_operator(env: Mapping[str, str]) -> Allocation | None:
     """What a Kubernetes torch job's variables say; None when they are not set."""
-    addr = env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR")
+    addr = operator_address(env)
     count = _first(env, "PET_NNODES", "WORLD_SIZE")
     if not addr or count is None:
         return None

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from utils.errors import PiconeoxError, cli
+from utils.run.allocation import operator_address
 
 SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's (primary) IPv4 address
 
@@ -131,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m utils.run.network MAIN_PROCESS_IP", file=sys.stderr)
         return 2
-    from_scheduler = argv[0] in (os.environ.get("MASTER_ADDR"), os.environ.get("PET_MASTER_ADDR"))
-    if not check_main_process_ip(argv[0], dns_may_lag=from_scheduler):
+    if not check_main_process_ip(argv[0], dns_may_lag=argv[0] == operator_address(os.environ)):
         return 0  # nothing to route to yet: gloo picks the interface once the name resolves
     if os.environ.get("GLOO_SOCKET_IFNAME"):  # the user's choice wins (checked by the preflight)
         return 0
