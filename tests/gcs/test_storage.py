@@ -126,7 +126,8 @@ def unused_tcp_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("url", ["s3://bucket/x", "gs://", "gs://Bad_Bucket/x", "gs://b/x", "gs://bucket/a/../b", ""])
+@pytest.mark.parametrize("url", ["s4://bucket/x", "s3://Bad_Bucket/x", "s3://ab", "gs://", "gs://Bad_Bucket/x", "gs://b/x",
+                                 "gs://bucket/a/../b", ""])
 def test_bad_urls_are_refused(url):
     with pytest.raises(PiconeoxError):
         open_storage(url)

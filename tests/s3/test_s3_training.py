@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.cli import assert_one_error_line, run_cli_cases
 from tests.support.paths import REPO
 from tests.support.s3_servers import SECRET
@@ -83,3 +84,17 @@ def test_bad_s3_input_is_one_line_in_each_command(s3_server, tiny_data, tmp_path
                         "--output-dir", str(tmp_path / "c")])]
     for (module, argv), (code, err) in zip(cases, run_cli_cases(cases, tmp_path)):
         assert_one_error_line(code, err, "no AWS credentials found", f"{module} {argv} without credentials")
+
+
+def test_the_launcher_refuses_bad_s3_settings_in_its_preflight(s3_server, tmp_path, monkeypatch):
+    """start_training.sh: one line from the preflight, before any worker starts."""
+    cases = [(["--data", "s3://Bad_Bucket/data"], "bad bucket name 'Bad_Bucket'"),
+             (["--data", s3_server.url("data"), "--", "--checkpoint-bucket", s3_server.url("ckpt")],
+              "no AWS credentials found")]
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    for extra, message in cases:
+        proc = subprocess.run([str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", *extra],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=bound(60))
+        assert_one_error_line(proc.returncode, proc.stderr, message, " ".join(extra))
+        assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
