@@ -30,10 +30,10 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
                    help="YAML file with `model:`, `train:` and/or `run:` sections overriding the preset")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override any setting, e.g. --set model.num_layers=6 (repeatable)")
-    p.add_argument("--data", help="prepared dataset dir, gs://bucket/prefix of one, or `demo`")
+    p.add_argument("--data", help="prepared dataset dir, gs:// or s3://bucket/prefix of one, or `demo`")
     p.add_argument("--print-plan", action="store_true",
                    help="print parameters, batch, tokens and memory per GPU, then exit")
-    p.add_argument("--preflight", action="store_true", help="check every setting, sync a gs:// --data into "
+    p.add_argument("--preflight", action="store_true", help="check every setting, sync a bucket --data into "
                    "data/gcs-cache/<host>/, print that folder and exit (start_training.sh runs it once per machine)")
     p.add_argument("--print-sharding", action="store_true", help="print fsdp or ddp, what start_training.sh launches "
                    "on --gpus GPUs in all without --accelerate-config (from the model's size), then exit")

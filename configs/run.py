@@ -27,14 +27,15 @@ class RunSettings(ConfigBase):
     """Root of logs/<run>/ (training.log, history.json, loss.png, tracker files)."""
     resume: str | None = None
     """`auto` (the newest complete checkpoint of this run, local or in checkpoint_bucket, if any), a checkpoint or
-    run folder, or gs://bucket/prefix/<run>[/step-XXXXXXXX]."""
+    run folder, or gs:// or s3://bucket/prefix/<run>[/step-XXXXXXXX]."""
     init_from: str | None = None
     """A local GPT-NeoX checkpoint in Hugging Face format (a downloaded Pythia, or checkpoints/<run>/final): its
     weights, tokenizer and model shape; a fresh optimizer."""
     checkpoint_bucket: str | None = None
-    """Also upload checkpoints to <this>/<run>/step-XXXXXXXX/ (gs://bucket/prefix, or a directory)."""
+    """Also upload checkpoints to <this>/<run>/step-XXXXXXXX/ (gs:// or s3://bucket/prefix, or a directory)."""
     credentials: str | None = None
-    """Service-account JSON key for gs:// (default: GOOGLE_APPLICATION_CREDENTIALS or the gcloud login)."""
+    """Service-account JSON key for gs:// (default: GOOGLE_APPLICATION_CREDENTIALS or the gcloud login); s3:// reads
+    AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, and AWS_ENDPOINT_URL for R2 or MinIO."""
     background_upload: bool = True
     """Write and upload checkpoints on a background thread; false: synchronously, inside the step that saves."""
     max_upload_failures: int = 3

@@ -28,8 +28,8 @@ class TrainConfig(ConfigBase):
     SECTION = "train"
 
     data: str = "demo"
-    """A prepared dataset directory, a bucket URL of one (`gs://bucket/prefix`), or `demo` (built in, prepared on
-    first use)."""
+    """A prepared dataset directory, a bucket URL of one (`gs://bucket/prefix`, `s3://bucket/prefix`), or `demo`
+    (built in, prepared on first use)."""
     tokenizer: str = "byte"
     """Tokenizer used when this run prepares its data itself (`demo`): char, byte or bpe."""
     tokenizer_vocab: int | None = None

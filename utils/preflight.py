@@ -1,5 +1,5 @@
 """Before the launch (`train.py --preflight`, once per machine, no GPU): every check that needs files, folders
-or credentials, so a mistake is one line before any process starts; then a gs:// --data synced to this machine.
+or credentials, so a mistake is one line before any process starts; then a bucket --data synced to this machine.
 
 start_training.sh also runs, before that (one line each on a mistake, exit 2):
     python -m utils.preflight temp-note                   a new empty file for the run lock's note (prints it)

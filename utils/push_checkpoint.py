@@ -55,7 +55,8 @@ def main(argv=None) -> int:
     p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path, help="the run's checkpoint folder, checkpoints/<run>")
     p.add_argument("--checkpoint-bucket", required=True, metavar="URL", help="the run's --checkpoint-bucket")
-    p.add_argument("--credentials", metavar="FILE", help="service-account JSON key for gs://")
+    p.add_argument("--credentials", metavar="FILE",
+                   help="service-account JSON key for gs:// (s3:// reads the AWS_* variables)")
     args = p.parse_args(argv)
     if args.credentials and not Path(args.credentials).is_file():  # a typo is no success, even for a local bucket
         p.error(f"--credentials {args.credentials}: no such file")
