@@ -129,24 +129,17 @@ def test_ctrl_c_stops_the_benchmark_script_instead_of_running_the_next_command(t
     assert rest.strip().endswith("error: interrupted") and "Traceback" not in rest, rest
 
 
-def test_damage_and_one_line_refusals(tmp_path, tiny_data):
-    """Damaged inputs and careless flags in one interpreter (tests/support/cli.py): each refused in one
-    line with exit 2, and nothing written or replaced."""
-    from tests.support.cli import assert_one_error_line, binary_file, run_cli_cases
-    from tests.support.rp2040_models import save_checkpoint
+def test_damaged_run_inputs_and_tool_outputs_are_one_line(tmp_path, tiny_data):
+    """to_gguf's --out over a user's file or inside a checkpoint, the run lock over --log-dir, timeouts, lock files
+    that are not lock files, empty settings: each refused in one line with exit 2 (all in one interpreter,
+    tests/support/cli.py), and nothing written or replaced."""
+    from tests.support.cli import assert_one_error_line, run_cli_cases
+    from tests.support.interop_runs import write_run
 
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
-    from rp2040.export import export
-    from tests.support.interop_runs import write_run
-
     write_run(tmp_path / "runs" / "r", "byte")  # a checkpoint to_gguf exports (so main overwrote the files below)
     best = tmp_path / "runs" / "r" / "best"
-    pico = save_checkpoint("rp2040-speed", tmp_path / "pico")[0]
-    other = save_checkpoint("pico-fast", tmp_path / "other")[0]
-    exported = tmp_path / "exported"
-    export(pico, exported, "int8")
-    png = binary_file(tmp_path / "image.png")
     (tmp_path / "empty-dir.yaml").write_text("run:\n  output_dir:\n")
     (tmp_path / "empty-prompt.yaml").write_text("run:\n  sample_prompt:\n")
     (tmp_path / "locks-a-file").mkdir()
@@ -160,21 +153,41 @@ def test_damage_and_one_line_refusals(tmp_path, tiny_data):
     before = {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*") if ".locks" not in p.parts}
     run = ["train", "--data", str(tiny_data), "--run-name", "r", "--max-steps", "1"]
     cases = [
-        # 3. to_gguf --out: a user's file, or a file inside a checkpoint
+        # to_gguf --out: a user's file, or a file inside a checkpoint
         ("utils.to_gguf", [str(best), "--out", str(notes)], "exists and is not a GGUF file"),
         ("utils.to_gguf", [str(best), "--out", str(best / "model.safetensors")], "is a checkpoint folder"),
         ("utils.to_gguf", [str(best), "--out", str(best / "model.gguf")], "is a checkpoint folder"),
-        # 4. the lock covers --log-dir: another --output-dir, the same log folder
+        # the lock covers --log-dir: another --output-dir, the same log folder
         (run[0], [*run[1:], "--output-dir", str(tmp_path / "ckpt2"), "--log-dir", str(tmp_path / "logs")],
          "run r is still being written by pid"),
-        # 5 and 8: timeouts before the launch
+        # timeouts before the launch
         ("train", ["--preflight", "--step-timeout-minutes", "1e12"], "--step-timeout-minutes 1e+12: must be"),
         ("train", ["--preflight", "--collective-timeout-minutes", "1e12"], "from 0.5 to 10080"),
         ("train", ["--preflight", "--step-timeout-minutes", "0.0001"], "--step-timeout-minutes 0.0001: must be"),
-        # 7. lock files that are not lock files
+        # lock files that are not lock files
         (run[0], [*run[1:], "--output-dir", str(tmp_path / "locks-a-file")], "is a file, not the folder of run locks"),
         (run[0], [*run[1:], "--output-dir", str(tmp_path / "lock-a-folder")], "is a folder, not a lock file"),
-        # 10. the benchmark scripts' Python CLIs
+        # settings that say nothing
+        ("train", ["--preflight", "--config-file", str(tmp_path / "empty-dir.yaml")], "run.output_dir is empty"),
+        ("train", ["--preflight", "--config-file", str(tmp_path / "empty-prompt.yaml")], "run.sample_prompt is empty"),
+    ]
+    try:
+        results = run_cli_cases([(m, argv) for m, argv, _ in cases], tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    for (module, argv, message), (code, err) in zip(cases, results):
+        assert_one_error_line(code, err, message, f"{module} {' '.join(argv)}")
+    after = {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*") if ".locks" not in p.parts}
+    assert after == before  # nothing written, nothing replaced
+
+
+def test_the_benchmark_scripts_python_clis_refuse_bad_values_with_one_line(tmp_path):
+    from tests.support.cli import assert_cli_table
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    assert_cli_table([
         ("benchmarks.gpu_check", ["train", "--cpu-smoke", "--out", str(tmp_path / "g"), "--steps", "-3"],
          "--steps: -3 must be at least 1"),
         ("benchmarks.gpu_check", ["train", "--cpu-smoke", "--out", str(tmp_path / "g"), "--steps", "0"],
@@ -191,7 +204,8 @@ def test_damage_and_one_line_refusals(tmp_path, tiny_data):
         ("benchmarks.bench_train", ["--steps", "3"], "--steps: 3 must be at least 6"),
         ("benchmarks.bench_sync", ["--files", "0"], "--files: 0 must be at least 1"),
         ("benchmarks.bench_rp2040", ["--tokens", "0"], "--tokens: 0 must be at least 1"),
-        ("benchmarks.bench_pico_kernels", ["--cols", "6"], "--cols 6 is not a multiple of 4"),
+        ("benchmarks.bench_pico_kernels", ["--cols", "6"], "--cols: 6 must be at least 8"),
+        ("benchmarks.bench_pico_kernels", ["--cols", "12"], "give rows a multiple of 4 and columns a multiple of 8"),
         ("benchmarks.pico_tinystories", ["--tokens", "-1"], "--tokens: -1 must be at least 1"),
         ("benchmarks.ema_effect", ["--bogus"], "unrecognized arguments: --bogus"),
         ("benchmarks.ema_effect", ["--presets", "pico-bset"], "invalid choice: 'pico-bset'"),
@@ -200,22 +214,31 @@ def test_damage_and_one_line_refusals(tmp_path, tiny_data):
         ("benchmarks.pico_search", ["--jobs", "0"], "--jobs: 0 must be at least 1"),
         ("benchmarks.pico_search", ["--lr", "-1"], "--lr -1.0: must be above 0"),
         ("benchmarks.phases", ["demo", "--set", "train.max_steps"], "--set 'train.max_steps': expected SECTION.KEY"),
-        # 11. silent successes
+    ], tmp_path)
+
+
+def test_what_used_to_succeed_silently_is_one_line(tmp_path):
+    """rp2040.reference on a text that is not text, or with a checkpoint of another model; a push whose credentials
+    file does not exist: one line each instead of a result."""
+    from rp2040.export import export
+    from tests.support.cli import assert_cli_table, binary_file
+    from tests.support.interop_runs import write_run
+    from tests.support.rp2040_models import save_checkpoint
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    write_run(tmp_path / "runs" / "r", "byte")
+    pico = save_checkpoint("rp2040-speed", tmp_path / "pico")[0]
+    other = save_checkpoint("pico-fast", tmp_path / "other")[0]
+    exported = tmp_path / "exported"
+    export(pico, exported, "int8")
+    png = binary_file(tmp_path / "image.png")
+    assert_cli_table([
         ("rp2040.reference", [str(exported), "--text", png], "not UTF-8 at byte 0"),
         ("rp2040.reference", [str(exported), "--text", str(notes), "--checkpoint", str(other)], "is another model"),
         ("utils.push_checkpoint", [str(tmp_path / "runs" / "r"), "--checkpoint-bucket", str(tmp_path / "bucket"),
                                    "--credentials", str(tmp_path / "key.json")], "key.json: no such file"),
-        ("train", ["--preflight", "--config-file", str(tmp_path / "empty-dir.yaml")], "run.output_dir is empty"),
-        ("train", ["--preflight", "--config-file", str(tmp_path / "empty-prompt.yaml")], "run.sample_prompt is empty"),
-    ]
-    try:
-        results = run_cli_cases([(m, argv) for m, argv, _ in cases], tmp_path)
-    finally:
-        holder.kill()
-    for (module, argv, message), (code, err) in zip(cases, results):
-        assert_one_error_line(code, err, message, f"{module} {' '.join(argv)}")
-    after = {p: p.is_file() and p.read_bytes() for p in tmp_path.rglob("*") if ".locks" not in p.parts}
-    assert after == before  # nothing written, nothing replaced
+    ], tmp_path)
 
 
 def test_the_printed_next_commands_run_from_another_folder_with_spaces_and_non_ascii(tmp_path):

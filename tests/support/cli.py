@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.support.bounds import bound
 from tests.support.paths import REPO
@@ -63,3 +64,37 @@ def assert_error_line(err: str, *words: str) -> None:
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
     assert all(w in lines[0] for w in words), lines[0]
+
+
+def files_and_bytes(folder) -> dict:
+    """Every path under `folder`, with a file's bytes (False for a folder): compared before and after a table."""
+    return {p: p.is_file() and p.read_bytes() for p in Path(folder).rglob("*")}
+
+
+def assert_cli_table(cases, cwd) -> None:
+    """[(module, argv, message)] run in one interpreter in `cwd`: each case exits 2 with one `error:` line holding
+    its message and no traceback (a `--bogus` flag: that line alone, not argparse's usage block above it), and
+    nothing under `cwd` is written or changed. Every case that fails is named, not only the first."""
+    before = files_and_bytes(cwd)
+    results = run_cli_cases([(module, argv) for module, argv, _ in cases], cwd)
+    failed = []
+    for (module, argv, message), (code, err) in zip(cases, results):
+        try:
+            assert_one_error_line(code, err, message, f"{module} {' '.join(argv)[:200]}")
+            if "--bogus" in argv:
+                assert len(err.strip().splitlines()) == 1, f"{module} --bogus:\n{err}"
+        except AssertionError as e:
+            failed.append(str(e))
+    assert not failed, "\n\n".join(failed)
+    assert files_and_bytes(cwd) == before  # nothing written or changed
+
+
+def wrong_crc_copy(data, dest):
+    """A copy of the prepared dataset `data` at `dest` whose manifest's first crc32c does not match its shard."""
+    import shutil
+
+    shutil.copytree(data, dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest["shards"][0]["crc32c"] ^= 1
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    return dest

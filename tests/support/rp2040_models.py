@@ -34,3 +34,12 @@ def uf2_block(family: int) -> bytes:
 
     head = struct.pack("<8I", uf2.MAGIC_START0, uf2.MAGIC_START1, uf2.FLAG_FAMILY_ID, 0x10000000, 256, 0, 1, family)
     return head + bytes(476) + struct.pack("<I", uf2.MAGIC_END)
+
+
+def exported_pico(root: Path) -> tuple[Path, Path]:
+    """(checkpoint, exported int8 model) of the rp2040-speed preset under `root`: what the rp2040 CLIs take."""
+    from rp2040.export import export
+
+    ckpt = save_checkpoint("rp2040-speed", root / "ckpt")[0]
+    export(ckpt, root / "model", "int8")
+    return ckpt, root / "model"
