@@ -1,7 +1,8 @@
 """Encoding on worker processes gives what one process gives."""
 import numpy as np
 
-from utils.data.tokenizers import build_tokenizer, encode_batches, encode_documents
+from utils.data.encode import encode_batches, encode_documents
+from utils.data.tokenizers import build_tokenizer
 
 
 def test_encode_documents_appends_eot_and_two_workers_match_one(shakespeare):

@@ -27,7 +27,8 @@ from utils.ckpt.format import latest_complete, read_marker, step_dir_name
 from utils.ckpt.parts import Part, Registry, TrainerState, training_parts
 from utils.ckpt.state import grace_warning, rng_state, set_rng_state
 from utils.ckpt.bucket.upload_report import closing_word
-from utils.ckpt.uploader import SaveRequest, open_uploader
+from utils.ckpt.save_request import SaveRequest, save_kind
+from utils.ckpt.uploader import open_uploader
 from utils.ckpt.write import prepare_step_folder, publish_final
 
 __all__ = ["Checkpointer", "Part", "TrainerState", "rng_state", "set_rng_state", "training_parts"]
@@ -126,7 +127,7 @@ class Checkpointer:
     def _submit(self, step: int, folder: Path, weights_only: bool) -> None:
         kept = self.accelerator.is_main_process or not weights_only  # best/: the weights are gathered onto rank 0
         if kept and self._uploader.background:  # the slot first: a capture waiting for it would hold a third copy
-            self._uploader.wait_for_slot(folder.name, SaveRequest.kind_of(weights_only))
+            self._uploader.wait_for_slot(folder.name, save_kind(weights_only))
         start = time.monotonic()
         snapshot = self._registry.capture(step, weights_only=weights_only)
         (self.log.info if self.accelerator.is_main_process else self.log.debug)(

@@ -23,60 +23,19 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from utils.ckpt.state import Snapshot
 from utils.ckpt.write import write_weights
 from utils.ckpt.bucket.remote import check_upload_settings
+from utils.ckpt.save_request import SaveRequest, SaveResult
 from utils.ckpt.saver import StepSaver
 from utils.diskfull import NO_SPACE
 from utils.errors import PiconeoxError
 from utils.storage import Storage
 
 log = logging.getLogger("piconeox")
-
-
-@dataclass
-class SaveRequest:
-    """A captured checkpoint to persist.
-
-    snapshot: the state, already on the CPU (`Registry.capture`).
-    folder: the local destination, e.g. checkpoints/<run>/step-00000100 or checkpoints/<run>/best.
-    weights_only: best/: weights only, kept local (not uploaded, not rotated).
-    """
-
-    snapshot: Snapshot
-    folder: Path
-    weights_only: bool = False
-
-    kind = property(lambda self: self.kind_of(self.weights_only))  # at most one request of each kind is queued
-    kind_of = staticmethod(lambda weights_only: "weights" if weights_only else "full")
-
-
-@dataclass
-class SaveResult:
-    """What became of one SaveRequest; `poll()` reports each exactly once.
-
-    error: None on success, else one line saying which phase failed and why.
-    uploaded_to: the remote folder holding this checkpoint complete, else None (no bucket, or best/).
-    seconds: time from the start of the write to the end of the upload and pruning.
-    note: what else the log should say about it.
-    """
-
-    folder: Path
-    step: int
-    error: str | None = None
-    uploaded_to: str | None = None
-    seconds: float = 0.0
-    note: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 class CheckpointUploader:

@@ -21,9 +21,9 @@ from utils.crc import INDEX_NAME, CrcIndex
 from utils.data.documents import Source, TextFile, resolve_inputs
 from utils.errors import PiconeoxError
 from utils.data.shards import MANIFEST_FILE, SPLITS, Manifest, ShardWriter, token_dtype, write_manifest
+from utils.data.encode import encode_batches, pieces
 from utils.data.tokenizers import (TOKENIZER_FILE, build_tokenizer, check_vocab_size, checkpoint_tokenizer,
-                              encode_batches, file_sha256, missing_chars, pieces, read_tokenizer, save_tokenizer,
-                                   tokenizer_kind)
+                                   file_sha256, missing_chars, read_tokenizer, save_tokenizer, tokenizer_kind)
 
 DEFAULT_SHARD_TOKENS = 50_000_000  # 100 MB per uint16 shard
 BATCH_CHARS = 1 << 18  # text per encode task: big enough to amortise the hop to a worker, small enough to balance
