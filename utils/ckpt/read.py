@@ -20,7 +20,8 @@ from utils.ckpt.format import (DCP_INDEX, MARKER, WEIGHTS_FILE, find_checkpoint,
                                read_marker, regular_file)
 from utils.ckpt.hf.hf_folder import check_weights, gpt_neox_config, load_tokenizer, tokenizer_problem, weight_shapes
 from utils.ckpt.bucket.remote import newest_verified, remote_steps
-from utils.storage import is_remote
+from utils.errors import PiconeoxError
+from utils.storage import is_remote, local_path
 
 # What a reader may use besides locate() and open_checkpoint(), each defined where its room keeps it:
 __all__ = [
@@ -50,9 +51,13 @@ def locate(source: str | Path, *, flag: str = "", credentials: str | None = None
     if is_remote(str(source)):
         from utils.ckpt.bucket.remote import cache_dir_for, download_checkpoint, resolve_url
 
-        store, step = resolve_url(str(source), credentials)
-        source = download_checkpoint(store, step, cache_dir_for(store.url, cache_root))
-    return find_checkpoint(source, flag=flag, warn=warn)
+        store, step = resolve_url(str(source), credentials, flag=flag)
+        return find_checkpoint(download_checkpoint(store, step, cache_dir_for(store.url, cache_root)), flag=flag)
+    try:
+        path = local_path(str(source))  # a plain path or file:///path
+    except PiconeoxError as e:
+        raise PiconeoxError(f"{flag}{e}") from None
+    return find_checkpoint(path, flag=flag, warn=warn)
 
 
 def open_checkpoint(source: str | Path, *, flag: str = "", credentials: str | None = None,

@@ -113,18 +113,19 @@ def cache_dir_for(url: str, cache_root: Path) -> Path:
     return cache_folder(cache_root, url)
 
 
-def resolve_url(url: str, credentials: str | None, *, timeout_s: float = 60) -> tuple[Storage, int]:
+def resolve_url(url: str, credentials: str | None, *, timeout_s: float = 60,
+                flag: str = "--resume ") -> tuple[Storage, int]:
     """`--resume gs://bucket/prefix/<run>[/step-XXXXXXXX]`: the run's remote folder and its newest complete step
-    (or the step named, which must be complete). One-line PiconeoxError otherwise."""
+    (or the step named, which must be complete). One-line PiconeoxError otherwise, naming `flag`."""
     base, _, last = url.rstrip("/").rpartition("/")
     if STEP_RE.match(last):
         store = open_storage(base, credentials, timeout_s=timeout_s)
         step = int(last[len("step-"):])
         if not remote_steps(store).get(step):
-            raise PiconeoxError(f"--resume {url}: no {MARKER} marker there (an unfinished upload or no such step)")
+            raise PiconeoxError(f"{flag}{url}: no {MARKER} marker there (an unfinished upload or no such step)")
         return store, step
     store = open_storage(url, credentials, timeout_s=timeout_s)
     step = latest_complete_step(remote_steps(store))
     if step is None:
-        raise PiconeoxError(f"--resume {url}: no complete step-XXXXXXXX checkpoint (one with {MARKER}) there")
+        raise PiconeoxError(f"{flag}{url}: no complete step-XXXXXXXX checkpoint (one with {MARKER}) there")
     return store, step
