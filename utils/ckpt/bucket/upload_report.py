@@ -58,7 +58,7 @@ def upload_report(bucket: Storage, run_dir: Path) -> UploadReport:
 
 def finish_command(run_dir: Path, bucket_root: str, credentials: str | None) -> str:
     """The command that uploads the run's newest checkpoint later (utils/push_checkpoint.py), from any folder."""
-    script = Path(__file__).resolve().parents[2] / "push_checkpoint.py"
+    script = Path(__file__).resolve().parents[2] / "push_checkpoint.py"  # utils/ckpt/bucket/ -> utils/
     if "://" not in bucket_root:  # a local bucket: relative to this folder, not to wherever the command runs
         bucket_root = str(Path(bucket_root).absolute())
     words = [sys.executable, str(script), str(Path(run_dir).resolve()), "--checkpoint-bucket", bucket_root]
