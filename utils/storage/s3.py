@@ -135,7 +135,8 @@ class S3Storage(Storage):
         else:
             if if_absent and self.exists(name):  # a multipart upload has no IfNoneMatch in s3transfer
                 raise ObjectExists(f"{what}: object already exists")
-            config = TransferConfig(multipart_threshold=self.part_size, multipart_chunksize=self.part_size)
+            config = TransferConfig(multipart_threshold=self.part_size, multipart_chunksize=self.part_size,
+                                    max_concurrency=4)  # beside the sync's own workers, within the client's pool
             with self._errors(what):
                 self._client.upload_file(str(local_path), self.bucket_name, key, Config=config,
                                          ExtraArgs={"Metadata": {META: crc32c_b64(crc)}})
@@ -209,7 +210,7 @@ def open_bucket(bucket: str, prefix: str, key_file: str | None, timeout_s: float
     """`s3://bucket/prefix` (both checked by utils.storage.split_url) through a client bounded by `timeout_s`."""
     check_credentials(key_file)
     config = Config(connect_timeout=min(10.0, timeout_s), read_timeout=timeout_s,
-                    retries={"mode": "standard", "total_max_attempts": 4}, max_pool_connections=16)
+                    retries={"mode": "standard", "total_max_attempts": 4}, max_pool_connections=40)
     try:
         client = boto3.session.Session().client("s3", config=config)
     except (BotoCoreError, ValueError) as e:  # a bad AWS_ENDPOINT_URL or region
