@@ -106,11 +106,35 @@ def checked(folder: Path) -> Path:
     return Path(folder)
 
 
+def model_skeleton(config) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """{name: (shape, dtype)} of every weight of the model `config` describes, as a run writes it (float32):
+    built on the meta device, nothing allocated."""
+    from transformers import GPTNeoXForCausalLM
+
+    with torch.device("meta"):
+        model = GPTNeoXForCausalLM._from_config(config, dtype=torch.float32)
+    return {key: (tuple(t.shape), t.dtype) for key, t in model.state_dict().items()}
+
+
+def weights_problem(found: dict, like: dict) -> str | None:
+    """Why `found` ({name: (shape, dtype)}, e.g. a DCP index's weights) are not the weights of `like`
+    (model_skeleton's): the same names, shapes and dtypes. None when they are."""
+    if odd := sorted(found.keys() ^ like.keys()):
+        return f"{odd[0][:100]} is {'not a weight of the model' if odd[0] in found else 'missing'}"
+
+    def name(spec):
+        return f"a {str(spec[1]).removeprefix('torch.')} tensor of shape {list(spec[0])}"
+
+    return next((f"{key[:100]}: {name(found[key])} where {name(like[key])} belongs" for key in sorted(like)
+                 if (tuple(found[key][0]), found[key][1]) != like[key]), None)
+
+
 def read_weights(folder: Path, part: str = "model") -> dict[str, torch.Tensor]:
     """The full model weights of a DCP checkpoint folder (any number of shards), on the CPU; `part`: a sharded
     part holding weights instead (utils/ckpt/parts.py), e.g. "ema"."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    from utils.ckpt.hf.hf_folder import checked_config
     from utils.ckpt.untrusted.safe_load import SafeFileSystemReader, load_dcp
 
     meta = SafeFileSystemReader(str(folder)).read_metadata().state_dict_metadata
@@ -122,6 +146,9 @@ def read_weights(folder: Path, part: str = "model") -> dict[str, torch.Tensor]:
     entries = weights(part)
     if not entries:
         raise PiconeoxError(f"{folder}: the checkpoint holds no {part} weights")
+    found = {key: (tuple(m.size), m.properties.dtype) for key, m in entries.items()}
+    if why := weights_problem(found, model_skeleton(checked_config(folder))):  # what a run writes there
+        raise PiconeoxError(f"{folder}/{DCP_INDEX}: its {part} weights are not the model's: {why}")
     if part != "model":  # the part's weights stand in for the model's: the same names, shapes and dtypes
         model = {key: (tuple(m.size), m.properties.dtype) for key, m in weights("model").items()}
         if odd := next((k for k in sorted(model.keys() | entries.keys()) if model.get(k) !=

@@ -32,6 +32,7 @@ from utils.ckpt.untrusted.index_check import check_storage, index_problem
 from utils.ckpt.untrusted.pickle_walk import MAX_HASH_WORK
 from utils.ckpt.untrusted.refusal import UnsafeCheckpoint, refusal  # noqa: F401 (the door names its refusal)
 from utils.ckpt.untrusted.stoppable import stoppable
+from utils.ckpt.untrusted.typed import index_problem as index_kinds_problem, record_problem, value_problem
 from utils.errors import PiconeoxError, first_line
 
 MAX_INDEX_BYTES = 1 << 30  # a 1.2B model's .metadata is ~1 MB
@@ -189,8 +190,10 @@ class SafeFileSystemReader(FileSystemReader):
                                                 f"at most {MAX_VALUE_BYTES:,} are read")
                         planner.load_bytes(item, io.BytesIO(view.read(info.length)))
                         continue
-                    tensor = narrow_tensor_by_index(weights_only_load(view, path, item=item.dest_index.fqn),
-                                                    item.storage_offsets, item.lengths)
+                    record = weights_only_load(view, path, item=item.dest_index.fqn)
+                    if why := record_problem(record, planner.metadata, item.storage_index):
+                        raise PiconeoxError(f"{path}: record {item.dest_index.fqn} {why}")
+                    tensor = narrow_tensor_by_index(record, item.storage_offsets, item.lengths)
                     target = planner.resolve_tensor(item).detach()
                     if target.size() != tensor.size():
                         raise PiconeoxError(f"{path}: {item.dest_index.fqn} holds {list(tensor.size())} values "
@@ -233,17 +236,27 @@ def load_small_state(path: Path):
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's default load planner, but non-tensor values (BYTE_IO items) load with `weights_only=True`."""
+    """DCP's default load planner, but non-tensor values (BYTE_IO items) load with `weights_only=True`, and
+    every value must be of the kind the state being loaded holds at its place (utils/ckpt/typed.py): the index's
+    entries before anything is read, each value as it is read."""
 
     def __init__(self, folder: Path):
         super().__init__()
         self.folder = Path(folder)
 
+    def create_local_plan(self):
+        if why := index_kinds_problem(self.state_dict, self.metadata.state_dict_metadata):
+            raise PiconeoxError(f"{self.folder / '.metadata'}: {why}")
+        return super().create_local_plan()
+
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
         from torch.distributed.checkpoint._traverse import set_element
 
         path = self.folder / self.metadata.storage_data[read_item.storage_index].relative_path
-        obj = weights_only_load(value, path, item=read_item.dest_index.fqn)
+        key = read_item.dest_index.fqn
+        obj = weights_only_load(value, path, item=key)
+        if why := value_problem(obj, self.state_dict[key], key):  # the run's own value at that place
+            raise PiconeoxError(f"{path}: record {key} {why}")
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:

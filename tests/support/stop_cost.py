@@ -1,0 +1,114 @@
+"""What a clean stop costs: SIGTERM to every process of a run at once (as systemd and Slurm's scancel signal a job),
+and the CPU seconds its processes spend from that signal to the COMPLETE marker of the step it saves and to their
+exit, on an idle box or at nice 10 beside busy loops. The machinery of benchmarks/bench_stops.py and of
+tests/loaded/test_stop_cost.py."""
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.chaos import tree
+from tests.support.loaded import STARTED, kill_leftovers, output, training, wait_for
+from tests.support.paths import REPO
+from utils.ckpt.format import MARKER, step_dir_name
+
+BUSY_LOOPS = 4  # beside them a run at nice 10 gets ~5% of a core on two cores
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def busy_loops(count: int = BUSY_LOOPS):
+    """`count` processes spinning at the default priority for the duration; killed and reaped after."""
+    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds `pid` has used (None once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's reaped descendants (a run's whole tree, once its script is reaped)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def start(work: Path, data: Path, procs: int, *extra: str) -> subprocess.Popen:
+    """./start_training.sh --config test (the preset as it is) at nice 10, its output in work/out."""
+    work.mkdir(parents=True, exist_ok=True)
+    cmd = ["nice", "-n", "10", str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--procs",
+           str(procs), "--data", str(data), "--max-steps", "100000", "--", "--output-dir", str(work / "ckpt"),
+           "--log-dir", str(work / "logs"), "--run-name", "r", *extra]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PICONEOX_", "OMP_NUM_THREADS"))}
+    with open(work / "out", "w") as out:  # a file: an unread pipe would fill up and block the run
+        # a process group of its own in this session: with autogroup scheduling (Linux's default) a session of its
+        # own would get its own share of the CPU, and busy loops in this one would not starve it
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**env, "PICONEOX_FAKE_GPUS": "0"},
+                                process_group=0)
+    STARTED.append(proc)
+    return proc
+
+
+def saved_marker(work: Path) -> bool:
+    """The step the stop saves ("SIGTERM received: saving step N") has its COMPLETE marker."""
+    said = output(work).partition(" received: saving step ")[2].split(" ", 1)[0]
+    return said.isdigit() and (work / "ckpt" / "r" / step_dir_name(int(said)) / MARKER).exists()
+
+
+@dataclass
+class StopCost:
+    """One stop: its exit code, seconds (wall and CPU of the run's processes) from the signal to the new COMPLETE
+    marker (None: none came) and to the end of the run, and the run's output."""
+    code: int
+    marker_s: float | None
+    marker_cpu_s: float | None
+    exit_s: float
+    exit_cpu_s: float
+    text: str
+
+
+def stop_cost(work: Path, data: Path, procs: int, busy: int, grace: float = 30, *extra: str) -> StopCost:
+    """Start the test preset on `procs` ranks at nice 10 (`start`), let it train, then with
+    `busy` loops spinning send SIGTERM to every process of it and measure the stop (one at a time: the CPU to exit
+    is read from this process's reaped children)."""
+    before = children_cpu()
+    proc = start(work, data, procs, "--grace-seconds", f"{grace:g}", *extra)
+    try:
+        wait_for(f"{procs} rank(s) training", lambda: training(work, procs), proc)
+        family = tree(proc.pid)
+        with busy_loops(busy):
+            used = {pid: cpu_seconds(pid) or 0.0 for pid, _ in family}
+            at_signal, t0 = sum(used.values()), time.monotonic()
+            for pid, _ in family:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            marker_s = marker_cpu = None
+            while proc.poll() is None:
+                for pid in used:
+                    used[pid] = max(used[pid], cpu_seconds(pid) or 0.0)
+                if marker_s is None and saved_marker(work):
+                    marker_s, marker_cpu = time.monotonic() - t0, sum(used.values()) - at_signal
+                time.sleep(0.05)
+            exit_s = time.monotonic() - t0
+            if marker_s is None and saved_marker(work):  # written in the last poll's interval
+                marker_s, marker_cpu = exit_s, sum(used.values()) - at_signal
+            total = children_cpu() - before  # the yes loops are reaped after this
+        return StopCost(proc.returncode, marker_s, marker_cpu, exit_s, total - at_signal, output(work))
+    finally:
+        kill_leftovers()
