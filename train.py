@@ -288,6 +288,7 @@ def train_step(run: Run, batches) -> StepResult | None:
     run.optimizer.zero_grad(set_to_none=True)
     if run.ema is not None:
         run.ema.update()
+    run.vote()  # a stop asked for during this step is agreed before the next one starts, not after it
     return StepResult(loss_sum=loss_sum, grad_norm=grad_norm)
 
 
@@ -404,17 +405,20 @@ def finish(run: Run, reason: str) -> int:
             sample.append(log_sample(model, run.tokenizer, run.cfg.run.sample_prompt, run.cfg.run.sample_tokens,
                                      tc.seed, log))
 
+    stop.doing = lambda: f"saving step {state.step} ({run.ckpt.phase or 'copying its state'})"
     code = run.ckpt.finish(state.step, consolidate=not preempted, timeout=stop.remaining, meanwhile=sample_text)
+    stop.saved, stop.doing = code, "writing the closing lines"
     if run.accelerator.is_main_process:
         cuda = run.accelerator.device.type == "cuda"
         run.report.summary(state.step, reason, state.best_val_loss, run.log_dir, sample[0] if sample else None,
-                           torch.cuda.max_memory_allocated() / 1e9 if cuda else None)
+                           torch.cuda.max_memory_allocated() / 1e9 if cuda else None, plot=not preempted)
         run.metrics.close()
     stop.outcome = code  # the run has ended: a signal from here on (a late Ctrl-C) changes nothing...
     if run.accelerator.is_main_process:  # ...so the lines that say so come after it
         log.info(where_things_are(run.run_dir, run.log_dir, run.cfg.run.log_dir))
         log.info(next_commands(run.cfg.preset, run.run_dir, stopped=run.vote.stopping,
                                last=None if tc.best_and_final else run.ckpt.step_folder(state.step)))
+    stop.doing = "waiting for the other processes to leave the process group"
     run.accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     run.accelerator.end_training()
     return code

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.chaos import tree
+from tests.support.chaos import training_argv, tree
 from tests.support.loaded import STARTED, kill_leftovers, output, training, wait_for
 from tests.support.paths import REPO
 from utils.ckpt.format import MARKER, step_dir_name
@@ -24,14 +24,40 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 @contextlib.contextmanager
 def busy_loops(count: int = BUSY_LOOPS):
-    """`count` processes spinning at the default priority for the duration; killed and reaped after."""
-    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(count)]
+    """`count` processes spinning at the default priority for the duration, each in a session (an autogroup) of its
+    own; killed and reaped after."""
+    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL, start_new_session=True) for _ in range(count)]
     try:
         yield
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
+
+
+def nice_everywhere(family: list[tuple[int, int]], nice: int = 10) -> None:
+    """Give the autogroup of each training process (torchrun starts each in a session of its own) the nice value
+    `nice`: Linux schedules sessions, not processes, against each other under autogroup (its default on desktops
+    and here), so a process's own nice counts only inside its session; a server kernel or a systemd slice weighs
+    every process by its nice. This makes the box the second kind for the run's ranks: beside four busy loops of
+    their own sessions they get ~5% of a core."""
+    for pid, _ in family:
+        if training_argv(pid):
+            with contextlib.suppress(OSError):  # gone meanwhile, or a kernel without autogroup: nice holds as it is
+                Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+
+
+def role(pid: int) -> str:
+    """What `pid` is in a run: "rank N", "launcher", "supervisor" (start_training.sh), or its program's name."""
+    argv = training_argv(pid)
+    if argv:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return "rank " + next((e[5:].decode() for e in env if e.startswith(b"RANK=")), "0")
+    with contextlib.suppress(OSError):
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        return next((name for key, name in (("supervise.py", "supervisor"), ("launch.py", "launcher"),
+                                            ("lifeline", "launcher")) if key in cmd), Path(cmd.split("\0")[0]).name)
+    return str(pid)
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -57,10 +83,8 @@ def start(work: Path, data: Path, procs: int, *extra: str) -> subprocess.Popen:
            "--log-dir", str(work / "logs"), "--run-name", "r", *extra]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PICONEOX_", "OMP_NUM_THREADS"))}
     with open(work / "out", "w") as out:  # a file: an unread pipe would fill up and block the run
-        # a process group of its own in this session: with autogroup scheduling (Linux's default) a session of its
-        # own would get its own share of the CPU, and busy loops in this one would not starve it
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**env, "PICONEOX_FAKE_GPUS": "0"},
-                                process_group=0)
+                                start_new_session=True)
     STARTED.append(proc)
     return proc
 
@@ -81,6 +105,8 @@ class StopCost:
     exit_s: float
     exit_cpu_s: float
     text: str
+    by_process: dict[str, tuple[float, float]]  # CPU seconds from the signal to the marker and to its last sight,
+    # per process ("rank 0", "launcher", "supervisor")
 
 
 def stop_cost(work: Path, data: Path, procs: int, busy: int, grace: float = 30, *extra: str) -> StopCost:
@@ -92,8 +118,10 @@ def stop_cost(work: Path, data: Path, procs: int, busy: int, grace: float = 30, 
     try:
         wait_for(f"{procs} rank(s) training", lambda: training(work, procs), proc)
         family = tree(proc.pid)
+        nice_everywhere(family)
         with busy_loops(busy):
             used = {pid: cpu_seconds(pid) or 0.0 for pid, _ in family}
+            before_signal, names, marked = dict(used), {pid: role(pid) for pid, _ in family}, {}
             at_signal, t0 = sum(used.values()), time.monotonic()
             for pid, _ in family:
                 with contextlib.suppress(ProcessLookupError):
@@ -104,11 +132,14 @@ def stop_cost(work: Path, data: Path, procs: int, busy: int, grace: float = 30, 
                     used[pid] = max(used[pid], cpu_seconds(pid) or 0.0)
                 if marker_s is None and saved_marker(work):
                     marker_s, marker_cpu = time.monotonic() - t0, sum(used.values()) - at_signal
+                    marked = dict(used)
                 time.sleep(0.05)
             exit_s = time.monotonic() - t0
             if marker_s is None and saved_marker(work):  # written in the last poll's interval
                 marker_s, marker_cpu = exit_s, sum(used.values()) - at_signal
             total = children_cpu() - before  # the yes loops are reaped after this
-        return StopCost(proc.returncode, marker_s, marker_cpu, exit_s, total - at_signal, output(work))
+        by_process = {f"{name} {pid}": (marked.get(pid, used[pid]) - before_signal[pid],
+                                        used[pid] - before_signal[pid]) for pid, name in names.items()}
+        return StopCost(proc.returncode, marker_s, marker_cpu, exit_s, total - at_signal, output(work), by_process)
     finally:
         kill_leftovers()

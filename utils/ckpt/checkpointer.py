@@ -112,28 +112,30 @@ class Checkpointer:
         """The newest complete local checkpoint, for messages."""
         return latest_complete(self.run_dir)
 
-    def save(self, step: int) -> None:
-        """A full step checkpoint; only the copy of this rank's shard off the device blocks."""
+    def save(self, step: int, here: bool = False) -> None:
+        """A full step checkpoint; only the copy of this rank's shard off the device blocks (`here`: all of it,
+        written on this thread: a stop's save)."""
         folder = self.step_folder(step)
         self.saved_step = step
         if self.accelerator.is_local_main_process:
             prepare_step_folder(folder)  # an interrupted earlier save of this step; before any rank writes
-        self._submit(step, folder, weights_only=False)
+        self._submit(step, folder, weights_only=False, here=here)
 
     def save_best(self, step: int) -> None:
         """best/: the published weights (gathered onto rank 0), tokenizer and small states."""
         self._submit(step, self.run_dir / "best", weights_only=True)
 
-    def _submit(self, step: int, folder: Path, weights_only: bool) -> None:
+    def _submit(self, step: int, folder: Path, weights_only: bool, here: bool = False) -> None:
         kept = self.accelerator.is_main_process or not weights_only  # best/: the weights are gathered onto rank 0
-        if kept and self._uploader.background:  # the slot first: a capture waiting for it would hold a third copy
+        if kept and self._uploader.background and not here:  # the slot first: a capture waiting for it would hold a
+            # third copy
             self._uploader.wait_for_slot(folder.name, save_kind(weights_only))
         start = time.monotonic()
         snapshot = self._registry.capture(step, weights_only=weights_only)
         (self.log.info if self.accelerator.is_main_process else self.log.debug)(
             f"checkpoint {folder.name}: training blocked {time.monotonic() - start:.3f} s copying its state")
         if kept:
-            self._uploader.submit(SaveRequest(snapshot, folder, weights_only))
+            self._uploader.submit(SaveRequest(snapshot, folder, weights_only), here=here)
 
     def poll(self, step: int) -> str | None:
         """Log and count finished saves; after too many failures in a row, the reason to stop (else None)."""
@@ -143,14 +145,20 @@ class Checkpointer:
 
     # --- the end --------------------------------------------------------------------------------------------
 
+    @property
+    def phase(self) -> str:
+        """What the saver is doing now ("writing step-00000100", "uploading ..."), "" when idle."""
+        return self._uploader.saver.phase
+
     def finish(self, step: int, *, consolidate: bool, timeout: Callable[[], float | None],
                meanwhile: Callable[[], object] = lambda: None) -> int:
         """Save `step` unless saved, run `meanwhile` while the saves flush (at most `timeout()` s), publish
-        final/ (its weights consolidated unless not `consolidate`: no time on a signal) and say what reached
-        the bucket. Returns the exit code: 0; 3 when the newest checkpoint is not in the bucket; 2 after too
-        many failed saves (each with its one `error:` line recorded)."""
+        final/ (its weights consolidated unless not `consolidate`: no time on a signal, and the save is written
+        on this thread, at the run's own priority) and say what reached the bucket. Returns the exit code: 0; 3
+        when the newest checkpoint is not in the bucket; 2 after too many failed saves (each with its one `error:`
+        line recorded)."""
         if self.saved_step != step:  # breaks (early stop, signal) can come before a due save
-            self.save(step)
+            self.save(step, here=not consolidate)
         meanwhile()
         self._uploader.close(timeout=timeout())  # every rank's saver
         fatal = self.poll(step)

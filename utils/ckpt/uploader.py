@@ -78,12 +78,13 @@ class CheckpointUploader:
 
     # --- training thread -------------------------------------------------------------------------------
 
-    def submit(self, request: SaveRequest) -> None:
+    def submit(self, request: SaveRequest, here: bool = False) -> None:
         """Persist `request`: queued for the thread (first waiting while one of its kind is queued), or now when
-        not background."""
+        not background or `here` (a stop's save: after what is in flight; the thread's nice +10 cannot be undone)."""
         if self._closed:
             raise RuntimeError("submit() after close()")
-        if not self.background:
+        if not self.background or here:
+            self.flush()
             self._results.append(self._persist(request))
             return
         self.wait_for_slot(request.folder.name, request.kind)

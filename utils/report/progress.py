@@ -114,10 +114,12 @@ class TrainReport:
         self.bar.close()
 
     def summary(self, step: int, reason: str, best_val_loss: float, log_dir: Path, sample: str | None,
-                peak_gpu_gb: float | None) -> None:
-        """Main process, at the end: history.json, loss.png, the stop line and the sample."""
+                peak_gpu_gb: float | None, plot: bool = True) -> None:
+        """Main process, at the end: history.json, loss.png (not `plot`: a stop on a signal, where importing
+        matplotlib and drawing took most of what the grace gives a busy machine), the stop line and the sample."""
         self.metrics.save_history(log_dir / "history.json")
-        self.metrics.plot(log_dir / "loss.png")
+        if plot:
+            self.metrics.plot(log_dir / "loss.png")
         self.log.info(f"stopped at step {step}: {reason}; best val loss {best_val_loss:.4f}"
                       + (f"; peak GPU memory {peak_gpu_gb:.1f} GB" if peak_gpu_gb is not None else ""))
         if sample is not None:

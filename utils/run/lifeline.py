@@ -98,6 +98,7 @@ class GraceDeadline:
         self.stop = stop
         self._done = threading.Event()
         self._signalled_at: float | None = None  # the first stop signal this watcher read
+        self._times: tuple[float, float] | None = None  # the main thread's run and wait times then
 
     def __enter__(self) -> GraceDeadline:
         self._read, write = socket.socketpair()
@@ -125,9 +126,12 @@ class GraceDeadline:
             if start is not None and time.monotonic() - start >= self.stop.grace_seconds and not self._done.is_set():
                 if self.stop.outcome is not None:  # the run ended, only its exit lags: its own code
                     exit_now(self.stop.outcome, "")
-                exit_now(GRACE_EXCEEDED_EXIT, f"error: the clean stop did not finish within --grace-seconds "
-                         f"{self.stop.grace_seconds:g} (a peer process is gone or stuck); exiting without it: the "
-                         "last complete checkpoint stays")
+                late = f"--grace-seconds {self.stop.grace_seconds:g} ran out: {self.stop.late(start, self._times)}"
+                if self.stop.saved is not None:  # the checkpoint is saved: only the closing lines are cut
+                    say(f"warning: {late}; the checkpoint is saved, exiting without the closing lines")
+                    exit_now(self.stop.saved, "")
+                exit_now(GRACE_EXCEEDED_EXIT, f"error: the clean stop did not finish: {late}; exiting without it: "
+                         "the last complete checkpoint stays")
 
     def _read_signals(self, received: bytes) -> None:
         """Note the first stop signal; a Ctrl-C after an earlier stop signal or request ends the process now (the
@@ -141,7 +145,17 @@ class GraceDeadline:
             if signum == signal.SIGINT and asked_before:
                 exit_now(130, "error: interrupted")  # utils.errors.INTERRUPTED
             if self._signalled_at is None:
-                self._signalled_at = time.monotonic()
+                self._signalled_at, self._times = time.monotonic(), main_thread_times()
+
+
+def main_thread_times() -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of this process's main thread, from the scheduler's
+    own accounting (/proc/PID/task/PID/schedstat); (CPU seconds of the process, 0) where it is missing."""
+    try:
+        ran, queued = open(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat").read().split()[:2]
+        return int(ran) / 1e9, int(queued) / 1e9
+    except (OSError, ValueError):
+        return time.process_time(), 0.0
 
 
 def exit_now(code: int, message: str) -> None:
@@ -150,13 +164,20 @@ def exit_now(code: int, message: str) -> None:
     from utils import errors  # not at the top: this file also runs as a script, before `utils` is importable
 
     if not errors.record(code, message) and message:
-        err = os.dup(2)
-        os.set_blocking(err, False)
-        try:
-            os.write(err, f"{message}\n".encode())
-        except OSError:
-            pass
+        say(message)
     os._exit(code)
+
+
+def say(line: str) -> None:
+    """`line` to stderr without blocking (a full pipe nobody reads must not hold an exit)."""
+    err = os.dup(2)
+    os.set_blocking(err, False)
+    try:
+        os.write(err, f"{line}\n".encode())
+    except OSError:
+        pass
+    finally:
+        os.close(err)
 
 
 def main(argv: list[str]) -> int:

@@ -21,8 +21,10 @@ import math
 import signal
 import threading
 import time
+from typing import Callable
 
 from utils.errors import PiconeoxError
+from utils.run.lifeline import main_thread_times
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -46,7 +48,10 @@ class StopRequest:
         self.reason: str | None = None
         self.by_signal = False  # the stop was asked for by a signal (not by the trainer or another rank)
         self.outcome: int | None = None  # the run's exit code once it is decided: later signals change nothing
-        self._requested_at: float | None = None
+        self.saved: int | None = None  # the exit code once the stop's checkpoint is saved (what is left is talk)
+        self.doing: str | Callable[[], str] = "finishing the step in flight"  # what the stop is doing, for a grace
+        self._requested_at: float | None = None  # that runs out
+        self._times_at_request = (0.0, 0.0)  # main_thread_times() then
         self._previous: dict[int, object] = {}
 
     def install(self) -> StopRequest:
@@ -95,7 +100,7 @@ class StopRequest:
         """Ask for a clean stop (the first reason wins); starts the grace budget."""
         if self.reason is None:
             self.reason = reason
-            self._requested_at = time.monotonic()
+            self._requested_at, self._times_at_request = time.monotonic(), main_thread_times()
 
     @property
     def requested(self) -> bool:
@@ -107,6 +112,25 @@ class StopRequest:
         if self._requested_at is None:
             return None
         return max(0.0, self.grace_seconds - (time.monotonic() - self._requested_at))
+
+
+    def late(self, since: float, then: tuple[float, float] | None = None) -> str:
+        """What a stop whose grace ran out was doing, and where the time went since `since` (time.monotonic() of
+        the signal; `then`: main_thread_times() at that moment, else at the request): its main thread running,
+        waiting for a CPU (a busy machine, the common reason), or neither (waiting for another process or the
+        disk)."""
+        doing = self.doing() if callable(self.doing) else self.doing
+        seconds = time.monotonic() - since
+        ran, queued = (now - before for now, before in zip(main_thread_times(), then or self._times_at_request))
+        if queued > max(ran, 0.25 * seconds):
+            why = ("the machine is busy: other jobs or a low priority left it little CPU; a longer --grace-seconds or "
+                   "a quieter machine lets it finish")
+        elif ran > 0.5 * seconds:
+            why = "it worked all along: this stop needs a longer --grace-seconds on this machine"
+        else:
+            why = "it was waiting for another process (one may be gone or stuck) or for the disk"
+        return (f"still {doing} after {seconds:.0f} s; its main thread ran {ran:.1f} s and waited {queued:.1f} s for "
+                f"a CPU ({why})")
 
 
 class StopVote:
