@@ -139,12 +139,14 @@ class TrainConfig(ConfigBase):
 
     def validate(self) -> "TrainConfig":
         """Raise PiconeoxError (one line) for a bad value; return self."""
+        from utils.optim import MAX_LR  # the range a resume obeys: a run must resume from its own checkpoints
+
         self.check_ints(("seq_len", "micro_batch_size", "grad_accum_steps", "max_steps", "eval_every", "eval_batches",
                          "save_every", "keep_last", "log_every"), 1)
         self.check_ints(("warmup_steps", "patience", "seed", "global_batch_tokens"), 0)
         if self.seed >= 2**32:  # numpy's seeds end there
             raise PiconeoxError(f"train.seed={self.seed}: must be below 2**32 = {2**32}")
-        self.check_float("learning_rate", lambda v: v > 0, "a number > 0")
+        self.check_float("learning_rate", lambda v: 0 < v <= MAX_LR, f"a number > 0 and <= {MAX_LR:g}")
         self.check_float("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
         self.check_float("dataset_percent", lambda v: 0 < v <= 100, "in (0, 100]")
         self.check_float("max_training_hours", lambda v: v >= 0, "a number of hours >= 0 (0 = no limit)")
@@ -153,7 +155,7 @@ class TrainConfig(ConfigBase):
         for beta in ("beta1", "beta2"):  # AdamW's moment decay rates
             self.check_float(beta, lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.9 or 0.95")
         self.check_float("decay_fraction", lambda v: 0 < v <= 1, "in (0, 1], e.g. 0.2")
-        self.check_float("muon_lr", lambda v: v > 0, "a number > 0, e.g. 0.02")
+        self.check_float("muon_lr", lambda v: 0 < v <= MAX_LR, f"a number > 0 and <= {MAX_LR:g}, e.g. 0.02")
         self.check_float("muon_momentum", lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.95")
         if self.optimizer not in OPTIMIZERS:
             raise PiconeoxError(f"train.optimizer={self.optimizer!r}: allowed {', '.join(OPTIMIZERS)}")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from utils.ckpt.ranges import optimizer_problem
 from utils.ckpt.format import DCP_INDEX, MARKER, WEIGHTS_FILE, check_complete, foreign_entry, rng_name
 from utils.ckpt.state import sharded_state
 from utils.errors import PiconeoxError, first_line
@@ -95,6 +96,8 @@ def load_sharded(folder: Path, model, optimizer) -> None:
         raise
     except Exception as e:  # CheckpointException wraps every rank's error; one line is enough for the user
         raise PiconeoxError(f"{folder}: cannot load the sharded state: {first_line(e, 300)}") from e
+    if why := optimizer_problem(state["optim"]):
+        raise PiconeoxError(f"{folder}: not an optimizer state a run writes: {why}")
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 

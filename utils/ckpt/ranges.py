@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-MAX_LR = 10.0  # no optimizer of this repo trains above it; 1e308 made the next checkpoint non-finite
+from utils.optim import MAX_LR  # the range a run's settings are checked against too
 MAX_TOKENS_PER_STEP = 1 << 40
 
 
@@ -67,6 +67,16 @@ def _metrics(state: dict, step: int) -> str | None:
             return f"a history entry's step {str(entry)[:60]} is not a step 0..{step}"
         if odd := next((k for k, v in entry.items() if v is not None and type(v) not in (int, float)), None):
             return f"history at step {entry['step']}: {odd} {str(entry[odd])[:40]!r} is not a number"
+    return None
+
+
+def optimizer_problem(state: dict) -> str | None:
+    """Why the optimizer state a resume loaded (DCP's flattened names: optim.param_groups.N.lr) holds a learning
+    rate a run never writes, or None. Its kinds of values are checked as it loads (utils/ckpt/untrusted/typed.py)."""
+    for i, group in enumerate(state.get("param_groups", [])):
+        for key in ("lr", "initial_lr"):
+            if key in group and not finite(group[key], 0, MAX_LR):
+                return f"optim.param_groups.{i}.{key} {group[key]!r} is not a learning rate (finite, 0..{MAX_LR:g})"
     return None
 
 

@@ -6,6 +6,7 @@ call them unconditionally.
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
@@ -16,6 +17,7 @@ from tqdm.auto import tqdm
 
 from utils.atomic import atomic_write, atomic_write_json
 from utils.diskfull import disk_full, is_no_space, one_line_when_full
+from utils.textfile import MAX_JSON_BYTES
 from utils.report.trackers import DEFAULT_REPORT_TO, make_tracker, markdown_block, start_tracker
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -68,6 +70,11 @@ def setup_logging(log_file: Path, is_main: bool) -> logging.Logger:
     return logger
 
 
+# The history's bound as JSON: half of what a resume reads of metrics.json (utils.textfile.read_json's cap), so a long
+# run's own checkpoint stays readable (past 16 MiB a resume refused it).
+HISTORY_BYTES = MAX_JSON_BYTES // 2
+
+
 class MetricsWriter:
     """Every scalar and text of a run goes through here: to each tracker (--report-to; TensorBoard by default,
     W&B, ... see utils/report/trackers.py) and into an in-memory history that becomes history.json and a loss plot.
@@ -82,6 +89,7 @@ class MetricsWriter:
         self.is_main = is_main
         self.report_to = tuple(report_to)
         self.history: list[dict[str, float]] = []
+        self._history_bytes = 0  # its size as JSON
         self.trackers: list = []  # started by start() or the first write, after a resume has set what they continue
         self._started = False
         self._purge_step: int | None = None
@@ -121,7 +129,20 @@ class MetricsWriter:
         with one_line_when_full(self.log_dir, "the TensorBoard/tracker logs"):
             for tracker in self.trackers:
                 tracker.log(kept, step=step)
-        self.history.append({"step": int(step), **kept})
+        entry = {"step": int(step), **kept}
+        self.history.append(entry)
+        self._history_bytes += len(json.dumps(entry)) + 2
+        if self._history_bytes > HISTORY_BYTES:
+            self._thin_history()
+
+    def _thin_history(self) -> None:
+        """Keep the history (it goes into every checkpoint) within HISTORY_BYTES: every other training entry of its
+        older half goes; evaluations and the newer half stay."""
+        half = len(self.history) // 2
+        older = [h for i, h in enumerate(self.history[:half])
+                 if i % 2 == 0 or not all(k.startswith("train/") for k in h if k != "step")]
+        self.history = older + self.history[half:]
+        self._history_bytes = sum(len(json.dumps(h)) + 2 for h in self.history)
 
     def text(self, step: int, key: str, text: str) -> None:
         """A text panel (shown verbatim) in every tracker: the resolved config, the final sample."""
@@ -166,6 +187,7 @@ class MetricsWriter:
 
     def load_state_dict(self, state: dict) -> None:
         self.history = [dict(h) for h in state["history"]]
+        self._history_bytes = sum(len(json.dumps(h)) + 2 for h in self.history)
         self._run_ids = dict(state.get("tracker_run_ids", {}))  # checkpoints from before trackers lack it
         if self.history:
             self._purge_step = self.history[-1]["step"] + 1
