@@ -8,6 +8,7 @@ The cases (tests/support/hostile_types.py) run in one driver process under the h
 (tests/support/hostile.py)."""
 from __future__ import annotations
 
+import io
 import os
 import shutil
 
@@ -37,8 +38,7 @@ def outcomes(tmp_path_factory, tiny_data, trained):
 
 def test_the_tuple_is_the_one_the_issue_names():
     """About 350 KB of nested tuples: large, and within every bound of the pickle walk (1 MiB a value)."""
-    from utils.ckpt.bounded import check_torch_zip
-    import io
+    from utils.ckpt.untrusted.bounded import check_torch_zip
 
     data = torch_bytes(nested_tuples())
     assert 300_000 < len(data) < 1 << 20

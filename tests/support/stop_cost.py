@@ -103,43 +103,53 @@ class StopCost:
     marker_s: float | None
     marker_cpu_s: float | None
     exit_s: float
-    exit_cpu_s: float
+    exit_cpu_s: float | None
     text: str
     by_process: dict[str, tuple[float, float]]  # CPU seconds from the signal to the marker and to its last sight,
     # per process ("rank 0", "launcher", "supervisor")
 
 
-def stop_cost(work: Path, data: Path, procs: int, busy: int, grace: float = 30, *extra: str) -> StopCost:
-    """Start the test preset on `procs` ranks at nice 10 (`start`), let it train, then with
-    `busy` loops spinning send SIGTERM to every process of it and measure the stop (one at a time: the CPU to exit
-    is read from this process's reaped children)."""
-    before = children_cpu()
+def ready(work: Path, data: Path, procs: int, grace: float = 30, *extra: str) -> subprocess.Popen:
+    """The test preset on `procs` ranks at nice 10 (`start`) with --grace-seconds `grace`, once every rank trains."""
     proc = start(work, data, procs, "--grace-seconds", f"{grace:g}", *extra)
+    wait_for(f"{procs} rank(s) training", lambda: training(work, procs), proc)
+    return proc
+
+
+def sigterm_all(work: Path, proc: subprocess.Popen, busy: int, children_before: float | None = None) -> StopCost:
+    """With `busy` loops spinning, SIGTERM to every process of the run `proc` at once; the stop measured until it
+    ends. The CPU to its end is read from this process's reaped children, counted from `children_before`
+    (children_cpu() before the run started; None: not measured, as when other runs end meanwhile)."""
+    family = tree(proc.pid)
+    nice_everywhere(family)
+    with busy_loops(busy):
+        used = {pid: cpu_seconds(pid) or 0.0 for pid, _ in family}
+        before_signal, names, marked = dict(used), {pid: role(pid) for pid, _ in family}, {}
+        at_signal, t0 = sum(used.values()), time.monotonic()
+        for pid, _ in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        marker_s = marker_cpu = None
+        while proc.poll() is None:
+            for pid in used:
+                used[pid] = max(used[pid], cpu_seconds(pid) or 0.0)
+            if marker_s is None and saved_marker(work):
+                marker_s, marker_cpu, marked = time.monotonic() - t0, sum(used.values()) - at_signal, dict(used)
+            time.sleep(0.05)
+        exit_s = time.monotonic() - t0
+        if marker_s is None and saved_marker(work):  # written in the last poll's interval
+            marker_s, marker_cpu = exit_s, sum(used.values()) - at_signal
+        total = None if children_before is None else children_cpu() - children_before - at_signal  # before the
+        # busy loops are reaped
+    by_process = {f"{name} {pid}": (marked.get(pid, used[pid]) - before_signal[pid], used[pid] - before_signal[pid])
+                  for pid, name in names.items()}
+    return StopCost(proc.returncode, marker_s, marker_cpu, exit_s, total, output(work), by_process)
+
+
+def stop_cost(work: Path, data: Path, procs: int, busy: int, grace: float = 30, *extra: str) -> StopCost:
+    """One run started, trained and stopped (`ready`, then `sigterm_all`), alone: its CPU to the end is measured."""
+    before = children_cpu()
     try:
-        wait_for(f"{procs} rank(s) training", lambda: training(work, procs), proc)
-        family = tree(proc.pid)
-        nice_everywhere(family)
-        with busy_loops(busy):
-            used = {pid: cpu_seconds(pid) or 0.0 for pid, _ in family}
-            before_signal, names, marked = dict(used), {pid: role(pid) for pid, _ in family}, {}
-            at_signal, t0 = sum(used.values()), time.monotonic()
-            for pid, _ in family:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
-            marker_s = marker_cpu = None
-            while proc.poll() is None:
-                for pid in used:
-                    used[pid] = max(used[pid], cpu_seconds(pid) or 0.0)
-                if marker_s is None and saved_marker(work):
-                    marker_s, marker_cpu = time.monotonic() - t0, sum(used.values()) - at_signal
-                    marked = dict(used)
-                time.sleep(0.05)
-            exit_s = time.monotonic() - t0
-            if marker_s is None and saved_marker(work):  # written in the last poll's interval
-                marker_s, marker_cpu = exit_s, sum(used.values()) - at_signal
-            total = children_cpu() - before  # the yes loops are reaped after this
-        by_process = {f"{name} {pid}": (marked.get(pid, used[pid]) - before_signal[pid],
-                                        used[pid] - before_signal[pid]) for pid, name in names.items()}
-        return StopCost(proc.returncode, marker_s, marker_cpu, exit_s, total - at_signal, output(work), by_process)
+        return sigterm_all(work, ready(work, data, procs, grace, *extra), busy, before)
     finally:
         kill_leftovers()
