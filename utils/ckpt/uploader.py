@@ -79,12 +79,12 @@ class CheckpointUploader:
     # --- training thread -------------------------------------------------------------------------------
 
     def submit(self, request: SaveRequest, here: bool = False) -> None:
-        """Persist `request`: queued for the thread (first waiting while one of its kind is queued), or now when
-        not background or `here` (a stop's save: after what is in flight; the thread's nice +10 cannot be undone)."""
+        """Persist `request`: queued for the thread (after a queued one of its kind), or now on this thread."""
         if self._closed:
             raise RuntimeError("submit() after close()")
-        if not self.background or here:
+        if not self.background or here:  # here: a stop's save, at this thread's priority (the saver's nice +10 stays)
             self.flush()
+            (log.info if here and self.progress else log.debug)(f"writing {request.folder.name}")
             self._results.append(self._persist(request))
             return
         self.wait_for_slot(request.folder.name, request.kind)
