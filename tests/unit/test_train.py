@@ -184,8 +184,8 @@ def test_bad_data_and_resume_targets(tmp_path, tiny_data, capsys):
 
 
 def test_nan_loss_stops_and_names_the_step(tmp_path, tiny_data, capsys):
-    code, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "30", "--save-every", "1", "--lr", "1e30",
-                           "--warmup-steps", "0", "--set", "train.grad_clip=1e30")
+    code, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "30", "--save-every", "1", "--lr", "10",
+                           "--warmup-steps", "0", "--set", "train.grad_clip=1e30", "--set", "train.weight_decay=1e30")
     err = capsys.readouterr().err
     assert code == 2 and "at step" in err and "stopped without saving" in err
     assert latest_complete(run_dir) is not None  # the last good checkpoint is kept
