@@ -21,7 +21,8 @@ STEPS = ("--save-every", "10", "--eval-every", "100", "--keep-last", "2")
 
 def command(cwd, *argv) -> subprocess.CompletedProcess:
     """`python argv` in `cwd` with this test's AWS variables; it must end without a traceback or the secret key."""
-    proc = subprocess.run([sys.executable, *map(str, argv)], cwd=cwd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, *map(str, argv)], cwd=cwd, capture_output=True, text=True,
+                          timeout=bound(300))
     output = proc.stdout + proc.stderr
     assert "Traceback" not in output and SECRET not in output, output
     return proc
