@@ -15,12 +15,9 @@ from utils.errors import PiconeoxError
 
 @pytest.fixture(scope="module")
 def pico(tmp_path_factory) -> Path:
-    from rp2040.export import export
-    from tests.support.rp2040_models import save_checkpoint
+    from tests.support.rp2040_models import exported_pico
 
-    root = tmp_path_factory.mktemp("pico")
-    export(save_checkpoint("rp2040-speed", root / "ckpt")[0], root / "model", "int8")
-    return root / "model"
+    return exported_pico(tmp_path_factory.mktemp("pico"))[1]
 
 
 def pico_copy(pico: Path, tmp_path: Path) -> Path:

@@ -220,18 +220,15 @@ def test_the_benchmark_scripts_python_clis_refuse_bad_values_with_one_line(tmp_p
 def test_what_used_to_succeed_silently_is_one_line(tmp_path):
     """rp2040.reference on a text that is not text, or with a checkpoint of another model; a push whose credentials
     file does not exist: one line each instead of a result."""
-    from rp2040.export import export
     from tests.support.cli import assert_cli_table, binary_file
     from tests.support.interop_runs import write_run
-    from tests.support.rp2040_models import save_checkpoint
+    from tests.support.rp2040_models import exported_pico, save_checkpoint
 
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
     write_run(tmp_path / "runs" / "r", "byte")
-    pico = save_checkpoint("rp2040-speed", tmp_path / "pico")[0]
+    exported = exported_pico(tmp_path / "pico")[1]
     other = save_checkpoint("pico-fast", tmp_path / "other")[0]
-    exported = tmp_path / "exported"
-    export(pico, exported, "int8")
     png = binary_file(tmp_path / "image.png")
     assert_cli_table([
         ("rp2040.reference", [str(exported), "--text", png], "not UTF-8 at byte 0"),
