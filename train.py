@@ -13,6 +13,7 @@ import gc
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -45,8 +46,10 @@ if TYPE_CHECKING:  # the types of `Run`'s fields; each is imported where it is b
     from utils.ema import WeightEMA
     from utils.report.metrics import MetricsWriter
     from utils.report.progress import TrainReport
+    from utils.run.budget import TimeBudget
     from utils.run.preemption import StopRequest, StopVote
 
+SAMPLE_SHARE = 0.05  # of a time budget, at most, for the final sample (it has fewer tokens when that is too little)
 GC_EVERY = 50  # steps between the loop's garbage collections (automatic gc is off while it runs)
 
 
@@ -96,6 +99,7 @@ class Run:
     stop: StopRequest  # signals and upload failures ask for a clean stop
     report: TrainReport  # bar, scalars, eval line, summary
     vote: StopVote | None = None  # every rank agrees when to stop; set when the loop starts (its deadline)
+    budget: TimeBudget | None = None  # a time budget's clock (train.time_budget_s, or a Slurm job's limit)
 
 
 def build_model(cfg: RunConfig, pretrained, accelerator: Accelerator, resumed: bool, log: logging.Logger):
@@ -118,8 +122,9 @@ def build_model(cfg: RunConfig, pretrained, accelerator: Accelerator, resumed: b
     return model, shapes_only
 
 
-def prepare(model, tc: TrainConfig, accelerator: Accelerator, log):
-    """(model, optimizer, scheduler) wrapped for this world (DDP or FSDP2) and maybe compiled."""
+def prepare(model, tc: TrainConfig, accelerator: Accelerator, log, budget: TimeBudget | None = None):
+    """(model, optimizer, scheduler) wrapped for this world (DDP or FSDP2) and maybe compiled; with a `budget`
+    the schedule follows its agreed progress."""
     import torch
 
     from utils.distributed import compile_layers
@@ -130,7 +135,8 @@ def prepare(model, tc: TrainConfig, accelerator: Accelerator, log):
     optimizer = build_optimizer(model, lr=tc.learning_rate, weight_decay=tc.weight_decay, betas=(tc.beta1, tc.beta2),
                                 kind=tc.optimizer, muon_lr=tc.muon_lr, muon_momentum=tc.muon_momentum, sharded=sharded)
     scheduler = build_scheduler(optimizer, tc.warmup_steps, tc.max_steps, tc.min_lr_ratio, tc.lr_schedule,
-                                tc.decay_fraction)
+                                tc.decay_fraction, progress=(lambda: budget.progress) if budget else None,
+                                steps_too=bool(budget and budget.max_steps_too))
     model, optimizer = accelerator.prepare(model, optimizer)  # the scheduler stays ours: one step per optimizer step
     check_prepared(accelerator, model, sharded)  # still FSDP2 after prepare(), as the start-up line says
     if tc.compile == "on" or (tc.compile == "auto" and accelerator.device.type == "cuda"):
@@ -166,6 +172,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     from utils.report.progress import TrainReport, log_start
     from utils.report.trackers import parse_report_to
     from utils.run import runlock
+    from utils.run.budget import for_run as time_budget
     from utils.run.lifeline import GraceDeadline
     from utils.run.preemption import StopRequest
     from utils.run.run_folders import claim_run_dirs, keep_earlier_best
@@ -190,6 +197,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     log = setup_logging(log_dir / "training.log", accelerator.is_main_process)
     metrics = MetricsWriter(log_dir, accelerator.is_main_process, parse_report_to(s.report_to))
     cleanup.callback(metrics.close)  # on every exit path: flush TensorBoard, finish the W&B run
+    budget = time_budget(tc.time_budget_s, s.grace_seconds, accelerator.is_main_process, log)
     stop = StopRequest(s.grace_seconds)
     cleanup.enter_context(GraceDeadline(stop))  # a stop that cannot finish (a peer gone) ends after the grace
     cleanup.enter_context(stop)  # from here SIGTERM/SIGINT/SIGHUP only ask for a clean stop (at the first micro-step)
@@ -209,31 +217,33 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
         cfg = replace(cfg, train=auto_micro_batch(cfg.train, model, accelerator, shapes_only, log))
         train_loader, val_loader = make_loaders(data_dir, cfg.train, accelerator)
     tc = cfg.train
-    model, optimizer, scheduler = prepare(model, tc, accelerator, log)
+    model, optimizer, scheduler = prepare(model, tc, accelerator, log, budget)
     log_start(log, name, cfg, train_loader, accelerator, data_dir, n_params)  # after prepare(): what runs
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
     ema = WeightEMA(unwrapped, tc.ema_decay) if tc.ema_decay else None  # after prepare(): it mirrors the shards
     state = TrainerState()
     run_config = {**cfg.to_dict(), "data_tokenizer_sha256": tokenizer_sha256, "init_from": s.init_from}
     parts = training_parts(scheduler=scheduler, scaler=accelerator.scaler, loader=train_loader, trainer=state,
-                           metrics=metrics, ema=ema)
+                           metrics=metrics, ema=ema, budget=budget)
     ckpt.attach(unwrapped, optimizer.optimizer, parts, run_config=run_config, tokenizer=tokenizer,
                 optimizer_bytes=state_bytes(unwrapped, tc.optimizer),
                 published="ema" if tc.best_final_weights == "ema" else None)
     if resume_from:
         ckpt.restore(resume_from)
         log.info(f"resumed from {resume_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
-    if state.step >= tc.max_steps:
+    if state.step >= tc.max_steps and (budget is None or budget.max_steps_too):
         raise PiconeoxError(f"--max-steps {tc.max_steps}: the resumed run is already at step {state.step}; "
                             "raise --max-steps")
     rank0_decides(lambda: metrics.start(state.step, {**run_config, "run": {
         **run_config["run"], "name": name, "data_dir": str(data_dir), "parameters": n_params,
         "world_size": accelerator.num_processes, "device": accelerator.device.type}}), accelerator.is_main_process)
+    if budget:  # the last check: what start-up left of the budget
+        open_budget_window(budget, cfg, model, unwrapped, n_params, accelerator, log)
     claim.accept()  # every check passed: from here on the run's files stay
     if accelerator.is_main_process and s.resume == "auto" and not resume_from:
         keep_earlier_best(run_dir, log)
     cuda = accelerator.device.type == "cuda"  # False with --gpus 0 even where a GPU exists
-    report = TrainReport(metrics, log, total_steps=tc.max_steps, step=state.step,
+    report = TrainReport(metrics, log, total_steps=None if budget else tc.max_steps, step=state.step,
                          tokens_per_step=tc.global_batch_tokens, world=accelerator.num_processes,
                          flops_per_token=model_flops_per_token(cfg.model, tc.seq_len),
                          peak=peak_flops(torch.cuda.get_device_name() if cuda else None, tc.mixed_precision),
@@ -241,7 +251,27 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     return Run(cfg=cfg, name=name, run_dir=run_dir, log_dir=log_dir, accelerator=accelerator, model=model,
                optimizer=optimizer, scheduler=scheduler, train_loader=train_loader, val_loader=val_loader,
                tokenizer=tokenizer, state=state, ckpt=ckpt, ema=ema, metrics=metrics, log=log, stop=stop,
-               report=report)
+               report=report, budget=budget)
+
+
+def open_budget_window(budget: TimeBudget, cfg: RunConfig, model, unwrapped, n_params: int, accelerator, log):
+    """Estimate what follows the last step (an evaluation, with the EMA's a second; the sample; the save) from
+    timed forward passes on every rank, then open the training window on rank 0's clock: one line on every rank
+    when start-up left no time to train."""
+    from utils.distributed import rank0_decides
+    from utils.lm import forward_seconds
+
+    tc, s, device = cfg.train, cfg.run, accelerator.device
+    evals = 2 if tc.ema_decay else 1  # the EMA's weights are evaluated too
+    eval_s = evals * tc.eval_batches * forward_seconds(model, tc.micro_batch_size, tc.seq_len, device)
+    sample_len = len(s.sample_prompt) + s.sample_tokens // 2  # the sample's average context, at most a char a token
+    budget.token_s = forward_seconds(unwrapped, 1, sample_len, device) if s.sample_tokens else 0.0
+    sample_s = min(s.sample_tokens * budget.token_s, SAMPLE_SHARE * budget.seconds)  # the sample shrinks to fit
+    budget.plan_finish(eval_s=eval_s, sample_s=sample_s, save_s=n_params * 16 / 200e6)  # state at 200 MB/s
+    rank0_decides(budget.start_training, accelerator.is_main_process)
+    log.info(f"{budget.source}: start-up took {budget.spent():.1f} s; training for "
+             f"{budget.stop_at() - budget.clock():.1f} s, then about {budget.reserve:.1f} s for the final evaluation "
+             f"({eval_s:.1f} s), sample ({sample_s:.1f} s) and save")
 
 
 # --- the loop -----------------------------------------------------------------------------------------------
@@ -284,6 +314,8 @@ def train_step(run: Run, batches) -> StepResult | None:
         return None
     grad_norm = acc.clip_grad_norm_(run.model.parameters(), tc.grad_clip)
     run.optimizer.step()
+    if run.budget is not None:  # the lr of the next step follows rank 0's clock, as every rank agreed it
+        run.budget.progress = run.vote.progress
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     if run.ema is not None:
@@ -297,16 +329,20 @@ def train(run: Run) -> str:
     import time as clock
 
     from utils.distributed import mesh_groups, shorten_timeout, timeouts_line
+    from utils.run.budget import describe
     from utils.run.preemption import StopVote
 
-    tc, state = run.cfg.train, run.state
+    tc, state, budget = run.cfg.train, run.state, run.budget
     deadline = clock.time() + tc.max_training_hours * 3600 - state.train_seconds if tc.max_training_hours else math.inf
-    # Signals on any rank, the time limit on rank 0's clock; a hung rank fails the vote as fast as a step.
-    run.vote = StopVote(run.stop, run.accelerator, deadline, timedelta(minutes=run.cfg.run.step_timeout_minutes))
+    # Signals on any rank, the time limit and a budget's progress on rank 0's clock; a hung rank fails the vote as
+    # fast as a step.
+    run.vote = StopVote(run.stop, run.accelerator, deadline, timedelta(minutes=run.cfg.run.step_timeout_minutes),
+                        progress=budget.progress_at if budget and run.accelerator.is_main_process else None)
     first_step = state.step + 1  # compiled and warmed up after this one: collectives get the short timeout
+    limit = math.inf if budget and not budget.max_steps_too else tc.max_steps
     batches = iter(run.train_loader)
     run.model.train()
-    while state.step < tc.max_steps:
+    while state.step < limit:
         t0 = clock.time()
         if reason := run.ckpt.poll(state.step):  # too many failed saves: a stop that the vote spreads to all ranks
             run.stop.request(reason)
@@ -316,6 +352,8 @@ def train(run: Run) -> str:
         state.step += 1
         state.tokens_seen += tc.global_batch_tokens
         state.train_seconds += clock.time() - t0
+        if budget is not None:
+            budget.note_step(clock.time() - t0)
         run.report.bar.update(1)
         if state.step % GC_EVERY == 0:
             gc.collect(1)
@@ -323,8 +361,9 @@ def train(run: Run) -> str:
             mesh = mesh_groups(run.model)
             shorten_timeout(run.cfg.run.step_timeout_minutes, mesh.values())
             run.log.info(timeouts_line(run.accelerator, run.vote.group, run.ckpt.saver_group, first_step + 1, mesh))
-        log_due = state.step % tc.log_every == 0 or state.step == tc.max_steps
-        eval_due = state.step % tc.eval_every == 0 or state.step == tc.max_steps
+        last = state.step == limit or (budget is not None and budget.progress >= 1.0)  # the vote agreed it
+        log_due = state.step % tc.log_every == 0 or last
+        eval_due = state.step % tc.eval_every == 0 or last
         save_due = state.step % tc.save_every == 0
         if not (log_due or eval_due or save_due):
             continue  # no host sync on other steps: the GPU keeps its queue of work
@@ -336,6 +375,8 @@ def train(run: Run) -> str:
             run.ckpt.save(state.step)
         if eval_due or save_due:
             run.report.speed.restart(state.step)
+        if last and budget is not None and budget.progress >= 1.0:
+            return f"time budget of {describe(budget.seconds)} reached"
     return "max steps reached"
 
 
@@ -350,10 +391,13 @@ def evaluate(run: Run, loss: float) -> str | None:
         return lm.evaluate(run.model, run.val_loader.eval_batches(tc.eval_batches), acc.device,
                            autocast=acc.autocast, vote=run.vote, reduce=lambda t: acc.reduce(t, "mean"))
 
+    started = time.monotonic()
     val, ema_val = val_loss(), None
     if val is not None and run.ema is not None:
         with run.ema.swapped_in():
             ema_val = val_loss()
+    if run.budget is not None:  # the final evaluation will cost what this one did
+        run.budget.plan_finish(eval_s=time.monotonic() - started)
     if val is None or (run.ema is not None and ema_val is None):
         return "stopped during an evaluation"  # `finish` says why (a signal, the time limit)
     judged = ema_val if tc.best_final_weights == "ema" else val  # best/ follows the weights it publishes
@@ -386,6 +430,7 @@ def finish(run: Run, reason: str) -> int:
     """Save the last step, sample while the saves flush, publish final/ and say where everything is."""
     import torch
 
+    from utils.distributed import rank0_decides
     from utils.report.summary import log_sample, next_commands, where_things_are
 
     run.report.close()
@@ -397,13 +442,14 @@ def finish(run: Run, reason: str) -> int:
     elif preempted:
         reason = f"{stop.reason}; stopped cleanly"
         log.info(f"{stop.reason}: saving step {state.step} and flushing uploads (grace {stop.grace_seconds:g} s)")
-    sample = []
+    sample, tokens = [], run.cfg.run.sample_tokens
+    if run.budget is not None and tokens and not preempted:  # as many as the budget has room for, rank 0 decides
+        tokens = rank0_decides(lambda: run.budget.sample_tokens(tokens), run.accelerator.is_main_process)
 
     def sample_text():  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
-        if not preempted and run.cfg.run.sample_tokens:
+        if not preempted and tokens:
             model = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
-            sample.append(log_sample(model, run.tokenizer, run.cfg.run.sample_prompt, run.cfg.run.sample_tokens,
-                                     tc.seed, log))
+            sample.append(log_sample(model, run.tokenizer, run.cfg.run.sample_prompt, tokens, tc.seed, log))
 
     stop.doing = lambda: f"saving step {state.step} ({run.ckpt.phase or 'copying its state'})"
     code = run.ckpt.finish(state.step, consolidate=not preempted, timeout=stop.remaining, meanwhile=sample_text)
@@ -418,6 +464,9 @@ def finish(run: Run, reason: str) -> int:
         log.info(where_things_are(run.run_dir, run.log_dir, run.cfg.run.log_dir))
         log.info(next_commands(run.cfg.preset, run.run_dir, stopped=run.vote.stopping,
                                last=None if tc.best_and_final else run.ckpt.step_folder(state.step)))
+    if run.budget is not None and run.accelerator.is_main_process:
+        log.info(f"{run.budget.source}: {run.budget.spent():.1f} s of the {run.budget.seconds:g} s budget used, "
+                 f"start-up and final save included (this process: {run.budget.clock() - run.budget.started:.1f} s)")
     stop.doing = "waiting for the other processes to leave the process group"
     run.accelerator.wait_for_everyone()  # tear the process group down together: a rank leaving alone can abort
     run.accelerator.end_training()

@@ -8,6 +8,7 @@ from dataclasses import fields
 from configs.presets import PRESET_NAMES
 from configs.run import RunSettings
 from utils.errors import CliParser, PiconeoxError, at_least
+from utils.run.budget import parse_duration
 
 # Shortcuts for the most used train.* settings (same as --set train.KEY=VALUE).
 SHORTCUTS = {
@@ -16,8 +17,10 @@ SHORTCUTS = {
     "--eval-every": "eval_every", "--eval-batches": "eval_batches", "--save-every": "save_every",
     "--keep-last": "keep_last", "--patience": "patience", "--dataset-percent": "dataset_percent",
     "--mixed-precision": "mixed_precision", "--compile": "compile", "--seed": "seed", "--log-every": "log_every",
-    "--warmup-steps": "warmup_steps",
+    "--warmup-steps": "warmup_steps", "--time-budget": "time_budget_s",
 }
+HELP = {"--time-budget": "wall-clock budget for the whole run, start-up to final save: seconds, or 90m, 1h30m; the "
+                         "schedule decays to end at it (= --set train.time_budget_s=VALUE)"}
 # Every run.* setting as a flag, --run-name = --set run.run_name=VALUE (background_upload has --no-background-upload).
 RUN_FLAGS = {"--" + f.name.replace("_", "-"): f.name for f in fields(RunSettings) if f.name != "background_upload"}
 
@@ -48,7 +51,7 @@ def parse_args(argv=None, description: str = "") -> argparse.Namespace:
     for flag, key in RUN_FLAGS.items():
         p.add_argument(flag, dest=key, default=None, help=f"= --set run.{key}=VALUE (see configs/run.py)")
     for flag, key in SHORTCUTS.items():
-        p.add_argument(flag, dest=key, default=None, help=f"= --set train.{key}=VALUE")
+        p.add_argument(flag, dest=key, default=None, help=HELP.get(flag, f"= --set train.{key}=VALUE"))
     p.epilog = "--batch-size auto: the largest micro batch whose forward/backward fits on the GPU (CUDA only)."
     return p.parse_args(argv)
 
@@ -64,6 +67,8 @@ def overrides_from_args(args) -> dict[str, str]:
     for key in SHORTCUTS.values():
         if getattr(args, key) is not None and not (key == "micro_batch_size" and args.micro_batch_size == "auto"):
             out[f"train.{key}"] = getattr(args, key)
+    if args.time_budget_s is not None:  # the flag's own name in its error line
+        out["train.time_budget_s"] = parse_duration(args.time_budget_s)
     for key in [*RUN_FLAGS.values(), "background_upload"]:
         if getattr(args, key) is not None:
             out[f"run.{key}"] = getattr(args, key)

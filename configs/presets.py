@@ -141,8 +141,12 @@ def _coerce(value, annotation: str, key: str):
 
 def _apply(obj, updates: dict):
     """`obj` with `updates` (strings from flags, values from YAML) coerced to each field's type."""
+    from utils.run.budget import parse_duration
+
     types = {f.name: f.type for f in fields(obj)}
-    coerced = {k: _coerce(v, types[k], f"{obj.SECTION}.{k}") if k in types else v for k, v in updates.items()}
+    durations = getattr(obj, "DURATIONS", ())
+    coerced = {k: parse_duration(v, f"{obj.SECTION}.{k}") if k in durations else
+               _coerce(v, types[k], f"{obj.SECTION}.{k}") if k in types else v for k, v in updates.items()}
     return type(obj).from_dict({**obj.to_dict(), **coerced})
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from configs.base import ConfigBase
+from utils.run.budget import LONGEST
 from utils.errors import PiconeoxError
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
@@ -26,6 +27,7 @@ class TrainConfig(ConfigBase):
     """
 
     SECTION = "train"
+    DURATIONS = ("time_budget_s",)  # seconds that a flag or YAML may also write as 90m or 1h30m
 
     data: str = "demo"
     """A prepared dataset directory, a bucket URL of one (`gs://bucket/prefix`, `s3://bucket/prefix`), or `demo`
@@ -112,6 +114,12 @@ class TrainConfig(ConfigBase):
     max_training_hours: float = 0.0
     """Save and exit cleanly after this many hours of training (a resume counts on): a number >= 0; 0 means no
     limit."""
+    time_budget_s: float = 0.0
+    """Wall-clock seconds for the whole run, from the process's start to its end (`--time-budget`; 600, 90m, 1h30m
+    also work): the schedule follows the clock (warmup steps, then lr_schedule over the share of the training time
+    done, its decay ending at the budget), and the final evaluation, save and sample fit inside it; max_steps is
+    no limit then. A resume keeps the time its checkpoint had spent. 0: no budget (inside a Slurm job with a time
+    limit, the job's end less run.grace_seconds is the budget)."""
     mixed_precision: str = "no"
     """The compute dtype under autocast: no (fp32), fp16 (with a loss scaler) or bf16; weights, gradients and
     optimizer state stay fp32."""
@@ -150,6 +158,7 @@ class TrainConfig(ConfigBase):
         self.check_float("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
         self.check_float("dataset_percent", lambda v: 0 < v <= 100, "in (0, 100]")
         self.check_float("max_training_hours", lambda v: v >= 0, "a number of hours >= 0 (0 = no limit)")
+        self.check_float("time_budget_s", lambda v: 0 <= v <= LONGEST, "seconds >= 0 (0 = no budget), e.g. 600 or 90m")
         self.check_float("weight_decay", lambda v: v >= 0, "a number >= 0")
         self.check_float("grad_clip", lambda v: v > 0, "a number > 0")
         for beta in ("beta1", "beta2"):  # AdamW's moment decay rates
@@ -161,6 +170,7 @@ class TrainConfig(ConfigBase):
             raise PiconeoxError(f"train.optimizer={self.optimizer!r}: allowed {', '.join(OPTIMIZERS)}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise PiconeoxError(f"train.lr_schedule={self.lr_schedule!r}: allowed {', '.join(LR_SCHEDULES)}")
+        self.check_decay_steps()
         self.check_float("ema_decay", lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.999 (0 = no EMA)")
         ema_without_decay = self.best_final_weights == "ema" and not self.ema_decay
         if self.best_final_weights not in BEST_FINAL_WEIGHTS or ema_without_decay:
@@ -189,6 +199,21 @@ class TrainConfig(ConfigBase):
             raise PiconeoxError(f"train.tokenizer_vocab={self.tokenizer_vocab!r}: only for tokenizer bpe "
                                 f"(this run's {self.tokenizer} tokenizer sizes itself; set it to null)")
         return self
+
+    def check_decay_steps(self) -> None:
+        """A step-counted wsd schedule must decay for at least one step: a decay_fraction that rounds to zero steps
+        (or a warmup that takes them all) would train at the peak lr to the end, and a run must not do that
+        silently. A time budget decays on the clock, so any fraction works there."""
+        if self.lr_schedule != "wsd" or self.time_budget_s:
+            return
+        decay_start = max(self.warmup_steps, self.max_steps - round(self.decay_fraction * self.max_steps))
+        if decay_start >= self.max_steps:
+            cause = (f"train.warmup_steps={self.warmup_steps} takes every step" if self.warmup_steps >= self.max_steps
+                     else f"train.decay_fraction={self.decay_fraction:g} of train.max_steps={self.max_steps} rounds to "
+                          "0 decay steps")
+            need = 1 / self.max_steps
+            raise PiconeoxError(f"{cause}: lr_schedule wsd would never decay; use decay_fraction >= {need:.2g} (at "
+                                "least one step) with fewer warmup steps than max_steps, or lr_schedule cosine")
 
     def for_world(self, world_size: int, fixed_global_batch: int | None = None) -> "TrainConfig":
         """This recipe on `world_size` processes: global_batch_tokens filled in, grad_accum_steps derived.

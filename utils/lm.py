@@ -69,6 +69,23 @@ def evaluate(model, batches: Iterable, device, *, autocast: Callable = contextli
 
 
 @torch.no_grad()
+def forward_seconds(model, batch: int, length: int, device) -> float:
+    """Wall seconds of one forward pass of `batch` x `length` tokens (the second of two: the first allocates), for
+    a time budget's estimate of the final evaluation and sample; the model is left as it was. Every rank must call
+    it (under FSDP2 a forward all-gathers)."""
+    import time
+
+    was_training = model.training
+    model.eval()
+    x = torch.zeros((batch, min(length, model.config.max_position_embeddings)), dtype=torch.long, device=device)
+    with torch.no_grad():
+        for _ in range(2):
+            start = time.perf_counter()
+            model(input_ids=x).logits.sum().item()  # .item(): the GPU's queue done
+    model.train(was_training)
+    return time.perf_counter() - start
+
+
 def sample_text(model, tokenizer, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
                 top_k: int | None = 40, seed: int = 0) -> str:
     """Prompt plus `max_new_tokens` sampled tokens; the context is cropped to the model's positions."""

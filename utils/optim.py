@@ -6,6 +6,7 @@ Everything a run needs to know about an optimizer is asked here: `refusal` (the 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -145,11 +146,35 @@ def warmup_stable_decay(warmup_steps: int, max_steps: int, min_lr_ratio: float, 
     return factor
 
 
-def build_scheduler(optimizer, warmup_steps: int, max_steps: int, min_lr_ratio: float, kind: str = "cosine",
-                    decay_fraction: float = 0.2):
-    """A LambdaLR stepped by the trainer once per optimizer step (never per micro-step or per process)."""
+def on_time(kind: str, step: int, progress: float, warmup_steps: int, min_lr_ratio: float,
+            decay_fraction: float) -> float:
+    """Multiplier of the base lr for a run with a time budget: linear warmup over the first `warmup_steps` optimizer
+    steps, and after it a function of `progress`, the share of the training time done (0..1): wsd holds the peak
+    until 1 - decay_fraction, then decays linearly to the floor at 1; cosine falls from the peak to the floor over
+    the whole window. Where the two overlap (a budget too short for the warmup), the lower wins."""
+    warm = min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
+    p = min(1.0, max(0.0, progress))
     if kind == "wsd":
-        factor = warmup_stable_decay(warmup_steps, max_steps, min_lr_ratio, decay_fraction)
+        into_decay = (p - (1.0 - decay_fraction)) / decay_fraction
+        after = 1.0 - (1.0 - min_lr_ratio) * min(1.0, max(0.0, into_decay))
     else:
-        factor = warmup_cosine(warmup_steps, max_steps, min_lr_ratio)
+        after = min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * p))
+    return min(warm, after)
+
+
+def build_scheduler(optimizer, warmup_steps: int, max_steps: int, min_lr_ratio: float, kind: str = "cosine",
+                    decay_fraction: float = 0.2, progress: Callable[[], float] | None = None,
+                    steps_too: bool = False):
+    """A LambdaLR stepped by the trainer once per optimizer step (never per micro-step or per process). With
+    `progress` (a time budget's share of the training time done, read at each step) the schedule follows the clock
+    (`on_time`) and `max_steps` plays no part, unless `steps_too`: then the lower of the two schedules wins."""
+    if kind == "wsd":
+        by_step = warmup_stable_decay(warmup_steps, max_steps, min_lr_ratio, decay_fraction)
+    else:
+        by_step = warmup_cosine(warmup_steps, max_steps, min_lr_ratio)
+    factor = by_step
+    if progress is not None:
+        def factor(s: int) -> float:  # a function, not an object: LambdaLR saves no state for it
+            by_time = on_time(kind, s, progress(), warmup_steps, min_lr_ratio, decay_fraction)
+            return min(by_time, by_step(s)) if steps_too else by_time
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

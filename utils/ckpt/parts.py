@@ -65,12 +65,14 @@ class Part:
     sharded: bool = False
 
 
-def training_parts(*, scheduler, scaler, loader, trainer: TrainerState, metrics, ema=None) -> dict[str, Part]:
+def training_parts(*, scheduler, scaler, loader, trainer: TrainerState, metrics, ema=None,
+                   budget=None) -> dict[str, Part]:
     """The registry of everything a resume needs besides model and optimizer: one entry per part, each named by
-    its keyword (None: the run has no such part, e.g. the scaler outside fp16)."""
+    its keyword (None: the run has no such part, e.g. the scaler outside fp16; `budget`, a time budget's clock: the
+    seconds spent and the schedule's progress, only in budgeted runs)."""
     return {"scheduler": Part(scheduler, in_best=False), "scaler": Part(scaler, in_best=False, required=False),
             "loader": Part(loader), "trainer": Part(trainer), "metrics": Part(metrics),
-            "ema": Part(ema, sharded=True)}
+            "ema": Part(ema, sharded=True), "budget": Part(budget, in_best=False, required=False)}
 
 
 def dcp_keys(folder: Path) -> set[str]:

@@ -80,7 +80,15 @@ def optimizer_problem(state: dict) -> str | None:
     return None
 
 
-CHECKS = {"trainer": _trainer, "scheduler": _scheduler, "loader": _loader, "metrics": _metrics}
+def _budget(state: dict, step: int) -> str | None:
+    if not finite(state.get("spent_s"), 0, math.inf):
+        return f"spent_s {state.get('spent_s')!r} is not a finite number of seconds >= 0"
+    if not finite(state.get("progress"), 0, 1):
+        return f"progress {state.get('progress')!r} is not a number in 0..1"
+    return None
+
+
+CHECKS = {"trainer": _trainer, "scheduler": _scheduler, "loader": _loader, "metrics": _metrics, "budget": _budget}
 
 
 def part_problem(name: str, state: dict, step: int) -> str | None:

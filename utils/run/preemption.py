@@ -143,12 +143,19 @@ class StopVote:
     waits for a GPU. All ranks must call it at the same points of the loop.
 
     stopping: True once agreed, identical on every rank. time_up: the agreed stop is rank 0's time limit.
+    progress: a time budget's share of the training window done, as rank 0 read it (`progress`, called on rank 0
+    only); identical on every rank after each call.
     """
 
-    def __init__(self, stop: StopRequest, accelerator, deadline: float = math.inf, timeout=None):
+    def __init__(self, stop: StopRequest, accelerator, deadline: float = math.inf, timeout=None,
+                 progress: Callable[[], float] | None = None):
         self.stop, self.deadline = stop, deadline
         self.is_main = accelerator.is_main_process
         self.stopping = self.time_up = False
+        # A time budget's progress (0..1) as rank 0's clock reads it, carried by the same all-reduce: every rank
+        # learns rank 0's value, one call late, and steps with the same learning rate.
+        self._read_progress = progress if self.is_main else None
+        self.progress = 0.0
         self._group = self._pending = None
         if accelerator.num_processes > 1:
             import torch
@@ -158,21 +165,22 @@ class StopVote:
             # `timeout` (a timedelta): the training steps' own bound, not torch's 30-minute default, so a hung rank
             # fails this vote as fast as the step's collectives.
             self._group = cpu_group(timeout)
-            self._flags = torch.zeros(2, dtype=torch.int32)
+            self._flags = torch.zeros(3, dtype=torch.float64)
 
     @property
     def group(self):
         """The vote's own gloo group (None in one process)."""
         return self._group
 
-    def _local_flags(self) -> tuple[int, int]:
-        return int(self.stop.requested), int(self.is_main and time.time() >= self.deadline)
+    def _local_flags(self) -> tuple[int, int, float]:
+        progress = self._read_progress() if self._read_progress is not None else 0.0
+        return int(self.stop.requested), int(self.is_main and time.time() >= self.deadline), progress
 
     def __call__(self) -> bool:
         if self.stopping:
             return True
         if self._group is None:  # one process: its own flags are the agreement
-            requested, self.time_up = self._local_flags()
+            requested, self.time_up, self.progress = self._local_flags()
             self.stopping = bool(requested or self.time_up)
             return self.stopping
         import torch
@@ -180,13 +188,14 @@ class StopVote:
 
         if self._pending is not None:
             self._pending.wait()
-            requested, time_up = (bool(v) for v in self._flags.tolist())
+            requested, time_up, progress = self._flags.tolist()
+            requested, time_up, self.progress = bool(requested), bool(time_up), max(self.progress, progress)
             if requested or time_up:
                 self.stopping, self.time_up = True, time_up and not requested
                 if requested:
                     self.stop.request("another rank was asked to stop")
                 return True
-        self._flags.copy_(torch.tensor(self._local_flags(), dtype=torch.int32))
+        self._flags.copy_(torch.tensor(self._local_flags(), dtype=torch.float64))
         self._pending = dist.all_reduce(self._flags, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
         return False
 
