@@ -496,7 +496,7 @@ def run(args) -> int:
 
         if why := launch_refusal(cfg, args.gpus):  # the plan of a run the launch refuses would mislead
             raise PiconeoxError(why)
-        print(format_plan(plan(cfg, gpus=args.gpus, machines=args.machines)))
+        print(format_plan(plan(cfg, gpus=args.gpus, machines=args.machines), cfg.train.time_budget_s))
         return 0
     with contextlib.ExitStack() as cleanup:
         r = setup(cfg, pretrained, cleanup, auto_batch=args.micro_batch_size == "auto")

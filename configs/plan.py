@@ -34,6 +34,7 @@ from configs.model import build_model, count_parameters
 from configs.presets import RunConfig
 from utils.errors import PiconeoxError
 from utils.optim import refusal, state_bytes
+from utils.run.budget import describe
 
 MIB, GIB = 1024**2, 1024**3
 
@@ -159,8 +160,6 @@ class Plan:
     """Bytes per GPU under DDP (every GPU holds everything)."""
     fsdp: MemoryEstimate | None
     """None when the optimizer refuses sharded parameters (utils.optim.refusal)."""
-    time_budget_s: float = 0.0
-    """train.time_budget_s: the run trains as many steps as fit (0: `steps`)."""
 
     @property
     def total_flops(self) -> float:
@@ -234,12 +233,11 @@ def plan(run_cfg: RunConfig, gpus: int, tokenizer_vocab: int | None = None, mach
         ddp=estimate(1, 0, 4 * parameters),
         fsdp=None if refusal(train.optimizer, sharded=True) else
         estimate(shard_gpus, compute_bytes * parameters, 4 * parameters if train.grad_accum_steps > 1 else 0),
-        time_budget_s=train.time_budget_s,
     )
 
 
-def format_plan(p: Plan) -> str:
-    """A human-readable table of the plan."""
+def format_plan(p: Plan, time_budget_s: float = 0.0) -> str:
+    """A human-readable table of the plan; with a time budget (train.time_budget_s), the budget for the steps."""
     where = f"{p.gpus} GPU(s)" if p.gpus else "CPU (1 process)"
     lines = [
         f"plan for preset '{p.preset}' on {where}",
@@ -250,12 +248,9 @@ def format_plan(p: Plan) -> str:
         f"  tokens in total   {p.total_tokens:,} ({p.total_tokens / p.parameters:.1f} per parameter)",
         f"  training FLOPs    {p.flops_per_token:.3e} per token, {p.total_flops:.3e} in total",
     ]
-    if p.time_budget_s:
-        from utils.run.budget import describe
-
-        lines[3:6] = [f"  time budget       {describe(p.time_budget_s)}, start-up to final save: as many steps as fit",
-                      "                    (max_steps is no limit; the lr schedule's decay ends at the budget)",
-                      f"  training FLOPs    {p.flops_per_token:.3e} per token"]
+    if time_budget_s:  # as many steps as fit: neither a step count nor a total before the run
+        lines[3:6] = [f"  time budget       {describe(time_budget_s)}, start-up to final save: as many steps as fit "
+                      "(the lr decay ends at it)", f"  training FLOPs    {p.flops_per_token:.3e} per token"]
     unit, size = ("GiB", GIB) if p.ddp.total >= GIB else ("MiB", MIB)
     fsdp = "FSDP" if p.shard_gpus == max(p.gpus, 1) else "HSDP"
     lines += ["", f"  memory per GPU ({unit}){'DDP':>18} {fsdp if p.fsdp else '':>10}".rstrip()]

@@ -8,7 +8,8 @@ from configs.plan import format_plan, plan
 from configs.presets import resolve_config
 from utils.errors import PiconeoxError
 from utils.optim import build_scheduler, on_time
-from utils.run.budget import TimeBudget, parse_duration, slurm_time_left
+from utils.run.allocation import slurm_time_left
+from utils.run.budget import TimeBudget, parse_duration
 
 
 class FakeClock:
@@ -151,8 +152,9 @@ def test_slurm_time_left():
 
 
 def test_the_plan_shows_the_budget():
-    text = format_plan(plan(resolve_config("test", overrides={"train.time_budget_s": "90m"}), gpus=0))
-    assert "time budget       1h 30m (5400 s), start-up to final save: as many steps as fit" in text
+    cfg = resolve_config("test", overrides={"train.time_budget_s": "90m"})
+    text = format_plan(plan(cfg, gpus=0), cfg.train.time_budget_s)
+    assert "time budget       1h 30m (5400 s), start-up to final save: as many steps as fit (the lr decay" in text
     assert "  steps    " not in text and "tokens in total" not in text  # unknown before the run
 
 

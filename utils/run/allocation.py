@@ -22,6 +22,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +155,31 @@ def machine_folder(root: str | os.PathLike, env: Mapping[str, str] = os.environ)
     if node and node != name.split(".")[0]:
         name = f"{name}.{node}"
     return Path(root) / (re.sub(r"[^A-Za-z0-9._-]", "_", name) or "host")
+
+
+def slurm_time_left(text: str) -> float | None:
+    """Seconds in squeue's `%L` (`[days-][hours:]minutes:seconds`); None for UNLIMITED, NOT_SET or anything else."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
+    if not m:
+        return None
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in m.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def slurm_seconds_left(env: Mapping[str, str]) -> float | None:
+    """Seconds until this Slurm job's time limit (`squeue -h -j JOB -o %L`, which follows a changed limit; else
+    SLURM_JOB_END_TIME); None outside a job, for a job without a limit, or when neither answers."""
+    job = env.get("SLURM_JOB_ID", "")
+    if not re.fullmatch(r"\d{1,12}", job):
+        return None
+    try:
+        done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=30)
+        if done.returncode == 0 and (left := slurm_time_left(done.stdout)) is not None:
+            return left
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    end = env.get("SLURM_JOB_END_TIME", "")
+    return float(end) - time.time() if re.fullmatch(r"\d{9,12}", end) else None
 
 
 FLAGS = {"machines": "--num-machines", "rank": "--machine-rank", "ip": "--main-process-ip",

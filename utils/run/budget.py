@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 import os
 import re
-import subprocess
 import time
 from collections.abc import Mapping
 
 from utils.errors import PiconeoxError
+from utils.run.allocation import slurm_seconds_left
 
 LONGEST = 366 * 24 * 3600.0  # a year: longer is a typo (and overflows nothing, but trains nothing sensible)
 NUMBER = r"(\d+(?:\.\d+)?)"
@@ -67,31 +67,6 @@ def process_age() -> float:
         return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
     except (OSError, ValueError, IndexError, AttributeError):
         return 0.0
-
-
-def slurm_time_left(text: str) -> float | None:
-    """Seconds in squeue's `%L` (`[days-][hours:]minutes:seconds`); None for UNLIMITED, NOT_SET or anything else."""
-    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
-    if not m:
-        return None
-    days, hours, minutes, seconds = (int(g) if g else 0 for g in m.groups())
-    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
-
-
-def slurm_seconds_left(env: Mapping[str, str]) -> float | None:
-    """Seconds until this Slurm job's time limit (`squeue -h -j JOB -o %L`, which follows a changed limit; else
-    SLURM_JOB_END_TIME); None outside a job, for a job without a limit, or when neither answers."""
-    job = env.get("SLURM_JOB_ID", "")
-    if not re.fullmatch(r"\d{1,12}", job):
-        return None
-    try:
-        done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=30)
-        if done.returncode == 0 and (left := slurm_time_left(done.stdout)) is not None:
-            return left
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    end = env.get("SLURM_JOB_END_TIME", "")
-    return float(end) - time.time() if re.fullmatch(r"\d{9,12}", end) else None
 
 
 class TimeBudget:
