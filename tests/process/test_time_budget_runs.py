@@ -44,8 +44,8 @@ def used(log: str) -> tuple[float, float]:
 def test_a_resumed_budgeted_run_ends_at_the_same_total_budget(tmp_path, tiny_data):
     """Stopped by SIGTERM once its first checkpoint is complete, then resumed with the same budget: the second
     process gets what the first left (the checkpoint's budget.json), and its schedule ends at the budget."""
-    budget = 60  # a loaded box's start-up is several times an idle one's
-    common = ("--time-budget", str(budget), "--save-every", "5", "--eval-every", "1000", "--max-steps", "10")
+    budget = 90  # two start-ups and a final save: a loaded box's start-up is several times an idle one's
+    common = ("--time-budget", str(budget), "--save-every", "2", "--eval-every", "1000", "--max-steps", "10")
     first = subprocess.Popen(argv(tmp_path, tiny_data, *common), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True, cwd=tmp_path)
     run_dir = tmp_path / "ckpt" / "run"
@@ -63,7 +63,7 @@ def test_a_resumed_budgeted_run_ends_at_the_same_total_budget(tmp_path, tiny_dat
                             timeout=300, cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-2000:]
     log = (tmp_path / "logs" / "run" / "training.log").read_text()
-    assert "stopped at step" in log and "time budget of 1m (60 s) reached" in log  # max_steps 10 was no limit
+    assert "stopped at step" in log and "time budget of 1m 30s (90 s) reached" in log  # max_steps 10 was no limit
     total, this_process = used(log)
     assert total == pytest.approx(saved["spent_s"] + this_process, abs=0.2)  # the first process's time counted
     final = json.loads((run_dir / "final" / "budget.json").read_text())
