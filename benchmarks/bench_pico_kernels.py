@@ -83,6 +83,7 @@ import time
 from piconeox import gpt
 from piconeox.generate import load
 model = load("/model")[0]
+M4 = gpt.IK.matvec4
 t = time.ticks_us()
 for pos in range(POSITIONS):
     logits = model.forward(pos % 200 + 32, pos)  # assigned: the REPL would print it
@@ -99,6 +100,9 @@ def timed(name, fn):
 for name in ("matvec", "attend", "layernorm", "quantize", "gelu", "rotate", "store16"):
     setattr(gpt.IK, name, timed(name, getattr(gpt.IK, name)))
 model._fetch = timed("read weights" if model.stream else "address weights", model._fetch)
+for name in ("embed", "residual", "matvec4"):
+    setattr(gpt.IK, name, timed(name, getattr(gpt.IK, name)))
+model.kernel = {k: gpt.IK.matvec4 if v is M4 else gpt.IK.matvec for k, v in model.kernel.items()}
 t = time.ticks_us()
 for pos in range(POSITIONS):
     logits = model.forward(pos % 200 + 32, pos)  # assigned: the REPL would print it
@@ -112,8 +116,11 @@ print("@@ forward", total // POSITIONS)
 
 def profile(model_dir: Path, positions: int) -> None:
     from rp2040.bundle import model_files
+    from rp2040.emulate import in_place
 
-    out = run_code(PROFILE.replace("POSITIONS", str(positions)), model_files(model_dir))
+    files = model_files(model_dir)
+    raw = files.pop("/model/model.bin") if in_place(model_dir) else None  # where rp2040.flash puts it
+    out = run_code(PROFILE.replace("POSITIONS", str(positions)), files, raw=raw)
     print(f"emulated Pico, 125 MHz, {model_dir}: forward pass at positions 0..{positions - 1}, per token\n")
     rows = [line[3:].split() for line in out.splitlines() if line.startswith("@@ ") and line != "@@ DONE"]
     print(f"forward pass without the timing wrappers: {int(rows[0][1]):,} us\n")

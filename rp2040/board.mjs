@@ -20,8 +20,9 @@ const CDC_FIFO = 512; // rp2040js USBCDC drops bytes beyond this many queued
 const ERASE_NS_PER_4K = 45e6;
 const PROGRAM_NS_PER_256 = 0.4e6;
 
-/** The flash contents: the firmware (.uf2 blocks, or a raw .bin from offset 0) and the filesystem image. */
-export function flashImage(firmware, fs) {
+/** The flash contents: the firmware (.uf2 blocks, or a raw .bin from offset 0), the filesystem image and, when
+ *  given, a model.bin read in place (`raw`: its path, written at flash offset `rawOffset`). */
+export function flashImage(firmware, fs, raw = null, rawOffset = 0) {
   const flash = new Uint8Array(16 * 1024 * 1024).fill(0xff);
   const fw = readFileSync(firmware);
   if (firmware.endsWith(".uf2")) {
@@ -33,6 +34,7 @@ export function flashImage(firmware, fs) {
     flash.set(fw, 0);
   }
   flash.set(readFileSync(fs), FS_OFFSET);
+  if (raw) flash.set(readFileSync(raw), rawOffset);
   return flash;
 }
 

@@ -10,8 +10,12 @@
 #              and the leftovers of an interrupted flash hold, whole blocks counted.
 #   "prepare": remove those leftovers (and the current install too when ARGS["clear"]: the new one fits only
 #              without it), then make ARGS["dirs"] under STAGE.
-#   "commit":  check ARGS["files"] {path: [size, sha256 hex]} under STAGE, move the unchanged files
-#              ARGS["keep"] from the current install into STAGE, then swap ARGS["replace"] in order.
+#   "commit":  check ARGS["files"] {path: [size, sha256 hex]} under STAGE; with ARGS["raw"] ({"path", "size",
+#              "sha256", "offset", "end"}) write that staged file into the raw flash region [offset, end) before
+#              littlefs (rp2.Flash's blocks before its first), check it there by sha256 and drop it from STAGE;
+#              then move the unchanged files ARGS["keep"] from the current install into STAGE and swap
+#              ARGS["replace"] in order. config.json, which names the raw model's CRC, moves in last: a reset
+#              mid-write leaves a region that the old config.json does not match, refused by the runtime.
 # Last line: "@@ ok", or "@@ error WHAT" with nothing moved.
 import binascii
 import hashlib
@@ -119,6 +123,34 @@ def mismatch():
     return None
 
 
+def write_raw(raw):
+    """Write the staged file raw["path"] into flash [raw["offset"], raw["end"]) and check it; None or why not."""
+    import rp2
+
+    flash, buf = rp2.Flash(), bytearray(4096)
+    first = (raw["offset"] - raw["end"]) // 4096  # a negative block number: before littlefs's first block
+    flash.readblocks(first, buf)
+    if bytes(buf[:4]) not in (b"\xff\xff\xff\xff", b"PNXM"):  # a larger firmware reaches it: never overwrite
+        return "flash at 0x%x holds neither a model nor erased flash (a larger firmware?): not written" % raw["offset"]
+    blocks = -(-raw["size"] // 4096)
+    with open(STAGE + raw["path"], "rb") as f:
+        for i in range(blocks):
+            n = f.readinto(buf)
+            for j in range(n, 4096):
+                buf[j] = 0xFF
+            flash.ioctl(6, first + i)  # erase, then program
+            flash.writeblocks(first + i, buf)
+    h, left = hashlib.sha256(), raw["size"]
+    for i in range(blocks):
+        flash.readblocks(first + i, buf)
+        h.update(memoryview(buf)[:min(left, 4096)])
+        left -= 4096
+    if binascii.hexlify(h.digest()).decode() != raw["sha256"]:
+        return "the raw flash region read back other bytes than %s (sha256 differs)" % raw["path"]
+    os.remove(STAGE + raw["path"])
+    return None
+
+
 def commit():
     for p in ARGS["keep"]:  # noqa: F821
         makedirs(STAGE + p.rsplit("/", 1)[0])
@@ -141,7 +173,7 @@ def main():
     elif do == "prepare":
         prepare()
     else:
-        bad = mismatch()
+        bad = mismatch() or (write_raw(ARGS["raw"]) if ARGS.get("raw") else None)  # noqa: F821
         if bad:
             print("@@ error", bad)
             return

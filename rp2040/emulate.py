@@ -19,9 +19,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rp2040.bundle import check_model, model_files
+from rp2040.bundle import DEVICE_MODEL_DIR, check_model, model_files
+from rp2040.estimate import ESTIMATE_CYCLES_PER_BYTE, flash_bytes_per_token, real_board_tok_per_s
 from rp2040.flash import board_files
-from rp2040.prompt import check_prompt, context_stop, model_config
+from rp2040.prompt import check_prompt, context_stop, host_ids, model_config
+from rp2040.runtime.xip import RAW_OFFSET
 from rp2040.uf2 import FLASH_SIZE, check_uf2
 from utils.errors import CliParser, PiconeoxError, cli
 from utils.textfile import printable
@@ -163,18 +165,18 @@ def emulate(model_dir: Path, prompt: str = DEFAULT_PROMPT, tokens: int = DEFAULT
 
     if tokens < 1:
         raise PiconeoxError(f"--tokens {tokens} must be >= 1")
-    files = model_files(Path(model_dir))
-    check_model(files["/model/model.bin"])
+    check_model(model_files(Path(model_dir))["/model/model.bin"])
     check_prompt(model_config(model_dir), prompt)  # on the host: the board would fail with a MemoryError
     firmware, bootrom = find_firmware(firmware, bootrom)
-    if tools_missing():
-        raise PiconeoxError(tools_missing())
+    if why := tools_missing():
+        raise PiconeoxError(why)
     with tempfile.TemporaryDirectory() as tmp:
         image = Path(tmp) / "fs.img"
-        image.write_bytes(filesystem_image(board_files(Path(model_dir), True, Path(tmp), None)))
+        files, raw = flashed(Path(model_dir), Path(tmp))
+        image.write_bytes(filesystem_image(files))
         job = {"firmware": str(firmware), "bootrom": str(bootrom), "fs": str(image), "steps": _steps(prompt, tokens),
-               "done": r"(^|\n)@@ DONE\r?\n", "max_wall_s": max_wall_s,
-               "boot_s": BOOT_S, "boot_wall_s": BOOT_WALL_S}
+               "raw": str(raw) if raw else None, "raw_offset": RAW_OFFSET, "done": r"(^|\n)@@ DONE\r?\n",
+               "max_wall_s": max_wall_s, "boot_s": BOOT_S, "boot_wall_s": BOOT_WALL_S}
         proc = subprocess.Popen(["node", str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, cwd=HERE)
         proc.stdin.write(json.dumps(job).encode())
@@ -226,36 +228,22 @@ def emulate(model_dir: Path, prompt: str = DEFAULT_PROMPT, tokens: int = DEFAULT
     return result
 
 
+def flashed(model_dir: Path, tmp: Path) -> tuple[dict[str, Path], Path | None]:
+    """(littlefs files, model.bin for the raw flash region or None), as `rp2040.flash --mpy` installs them."""
+    files = board_files(model_dir, True, tmp, None)
+    return files, files.pop(f"{DEVICE_MODEL_DIR}/model.bin") if in_place(model_dir) else None
+
+
+def in_place(model_dir: Path) -> bool:
+    """Whether the export reads its weights in place from raw flash (config.json's runtime["xip"])."""
+    return bool(model_config(model_dir)["runtime"].get("xip"))
+
+
 def node_error(stderr: str) -> str:
     """The one line of a Node.js failure that says why (`RangeError: ...`), not its source excerpt and stack."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     found = next((line for line in lines if re.match(r"^[A-Za-z]*Error\b", line)), lines[-1] if lines else "no output")
     return printable(found)[:300]
-
-
-def host_ids(model_dir: Path, prompt_ids: list[int], tokens: int) -> list[int]:
-    """The ids the host computes for the same prompt ids and default sampling (the board must equal
-    them): the integer reference for int8 models (the spec), the runtime under CPython for f32."""
-    config = model_config(model_dir)
-    g = config["generation"]
-    if config["dtype"] == "int8":
-        from rp2040.reference import ReferenceModel, generate
-
-        return generate(ReferenceModel(Path(model_dir) / "model.bin"), prompt_ids, tokens, g["temperature"],
-                        g["top_k"], g["seed"], config["tokenizer"]["eos"])
-    from rp2040.runtime.generate import Generator, load, sampler_for
-
-    model, tok, config = load(str(model_dir))
-    gen = Generator(model, sampler_for(model, config))
-    gen.prompt(prompt_ids)
-    out = []
-    while len(out) < tokens and gen.room() > 0:
-        t = gen.step()
-        out.append(t)
-        if t == tok.eos:
-            break
-    model.close()
-    return out
 
 
 @cli
@@ -281,10 +269,15 @@ def main(argv: list[str] | None = None) -> int:
           f"forward {run.step_ms - run.sample_ms:.1f} + sampling {run.sample_ms:.1f}; "
           f"prompt ({len(run.prompt_ids)} tokens) {run.prompt_us / 1000:.0f} ms")
     predicted = config["ram"].get("free_after_load_bytes")
-    where = "layers streamed from flash" if run.stream else "weights in RAM"
+    where = ("weights read in place from raw flash" if in_place(args.model_dir) else
+             "layers streamed from flash" if run.stream else "weights in RAM")
     print(f"heap: {run.heap_loaded:,} bytes free after load ({where}; "
           f"the exporter predicted {predicted:,}), {run.heap_min:,} minimum during generation (GC heap {HEAP_BYTES:,})")
     print(f"ids equal the host's: {'yes' if same else 'NO'}")
+    read = flash_bytes_per_token(args.model_dir, config)
+    print(f"estimate for a real RP2040 (not measured; XIP cache misses at {ESTIMATE_CYCLES_PER_BYTE} cycles per byte "
+          f"of the {read:,} bytes of weights a token reads from flash, rp2040/estimate.py): "
+          f"{real_board_tok_per_s(run.step_ms, read):.1f} tok/s")
     print(f"[{run.emulated_s:.1f} s emulated in {run.wall_s:.0f} s wall]")
     return 0 if same else 1
 

@@ -2,6 +2,7 @@
 // talks to its USB-CDC REPL by a script of (wait for text, then type bytes) steps. Used by rp2040/emulate.py.
 //
 // stdin: {"firmware": path (.uf2 or .bin), "bootrom": path, "fs": path (image for flash offset 0xa0000),
+//         optional "raw": path of a model.bin read in place, written at flash offset "raw_offset",
 //         "steps": [{"wait": regex, "send": text}, ...], "done": regex, "max_wall_s": seconds,
 //         "boot_s": emulated seconds, "boot_wall_s": seconds}: the REPL must answer the first two steps
 //         (the firmware booted) by both deadlines, else status "no_boot" (a firmware that never boots).
@@ -15,7 +16,7 @@ import { readFileSync } from "node:fs";
 import { Board, flashImage } from "./board.mjs";
 
 const job = JSON.parse(readFileSync(0, "utf8"));
-const board = new Board(job.bootrom, flashImage(job.firmware, job.fs));
+const board = new Board(job.bootrom, flashImage(job.firmware, job.fs, job.raw, job.raw_offset));
 const { clock, mcu } = board;
 
 const t0 = Date.now();

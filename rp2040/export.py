@@ -21,6 +21,7 @@ from rp2040.model_bin import Shape, encode_model
 from rp2040.runtime import modelfile as mf
 from rp2040.runtime import tokenizer as vf
 from rp2040.runtime.gpt import buffer_bytes, plan_buffers
+from rp2040.runtime.xip import RAW_BYTES
 from rp2040.vocab_bin import Vocab
 from utils.atomic import atomic_dir, atomic_write_json, check_output_dir
 from utils.ckpt.read import find_checkpoint
@@ -35,21 +36,32 @@ DEFAULT_MIN_FREE_KB = 100
 # model and making its sampler take beyond the buffers (gpt.plan_buffers) and the bytes of vocab.bin
 # (the tokenizer keeps about that much): array and object headers, GC block rounding, the sampler's
 # tables. 5,160-5,290 bytes over the three presets. Re-measure when the runtime's code changes (the asm_thumb
-# kernels' native code took about 900 bytes more of the heap, the interleaved matvec4 2.4 KB more).
-BOARD_HEAP_FREE_BYTES = 204_416
+# kernels' native code took about 900 bytes more of the heap, the interleaved matvec4 2.4 KB more, the viper
+# embed/residual and xip.py 1.8 KB more).
+BOARD_HEAP_FREE_BYTES = 202_656
 LOAD_OVERHEAD_BYTES = 5_200
 GENERATION_DEFAULTS = {"max_new_tokens": 64, "temperature": 0.8, "top_k": 40, "seed": 0}
 
 
-def ram_estimate(model_bin: bytes, vocab_bin: bytes, stream: bool) -> int:
+def ram_estimate(model_bin: bytes, vocab_bin: bytes, stream: bool, xip: bool = False) -> int:
     """Bytes of heap loading the model takes on the board: planned buffers + tokenizer + measured overhead."""
     header = mf.Header(model_bin[:mf.HEADER_SIZE])
     layout = mf.Layout(header)
-    return buffer_bytes(plan_buffers(header, layout, stream)) + len(vocab_bin) + LOAD_OVERHEAD_BYTES
+    return buffer_bytes(plan_buffers(header, layout, stream, xip)) + len(vocab_bin) + LOAD_OVERHEAD_BYTES
+
+
+def in_place(model_bin: bytes) -> dict | None:
+    """config.json's runtime["xip"] when the board can read this model.bin in place from raw flash (int8, every
+    matrix interleaved, within the region before littlefs: rp2040/runtime/xip.py), else None."""
+    h = mf.Header(model_bin[:mf.HEADER_SIZE])
+    shapes = ((h.vocab, h.hidden), (3 * h.hidden, h.hidden), (h.hidden, h.inter), (h.inter, h.hidden))
+    if not all(h.interleaved(r, c) for r, c in shapes) or len(model_bin) > RAW_BYTES:
+        return None
+    return {"bytes": len(model_bin), "crc32": int.from_bytes(model_bin[-4:], "little")}
 
 
 def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int = DEFAULT_RAM_BUDGET_KB,
-           force: bool = False, min_free_kb: int = DEFAULT_MIN_FREE_KB) -> dict:
+           force: bool = False, min_free_kb: int = DEFAULT_MIN_FREE_KB, in_place_always: bool = False) -> dict:
     """Export a checkpoint; returns the config.json written. Raises PiconeoxError (nothing written) on refusal."""
     if dtype not in mf.DTYPE_NAMES:
         raise PiconeoxError(f"--dtype {dtype!r} is not allowed; use one of {', '.join(mf.DTYPE_NAMES)}")
@@ -78,7 +90,14 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
     in_ram, streamed = ram_estimate(model_bin, vocab_bin, False), ram_estimate(model_bin, vocab_bin, True)
     # Weights in RAM only while the board keeps --min-free-kb of its measured heap after loading.
     stream = BOARD_HEAP_FREE_BYTES - in_ram < min_free_kb * 1024
-    estimate = streamed if stream else in_ram
+    # What would stream reads its weights in place from raw flash instead, when it can (no copy, no buffer).
+    xip = in_place(model_bin) if stream or in_place_always else None
+    if in_place_always and not xip:
+        raise PiconeoxError(f"--in-place: {src.name} cannot be read in place (int8 with every matrix in 4-row "
+                            f"blocks, model.bin at most {RAW_BYTES:,} bytes)")
+    if xip:
+        stream, streamed = False, ram_estimate(model_bin, vocab_bin, False, xip=True)
+    estimate = streamed if stream or xip else in_ram
     if estimate > min(budget, BOARD_HEAP_FREE_BYTES) and not force:
         raise PiconeoxError(f"{src.name} as {dtype} needs about {estimate // 1024} KB of heap "
                             f"(even streaming layers from flash), over the {ram_budget_kb} KB budget or the "
@@ -95,7 +114,7 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
         "ram": {"estimate_bytes": estimate, "in_ram_bytes": in_ram, "streamed_bytes": streamed,
                 "budget_bytes": budget, "board_heap_free_bytes": BOARD_HEAP_FREE_BYTES,
                 "free_after_load_bytes": BOARD_HEAP_FREE_BYTES - estimate, "min_free_bytes": min_free_kb * 1024},
-        "runtime": {"stream": stream},
+        "runtime": {"stream": stream, **({"xip": xip} if xip else {})},
         "generation": GENERATION_DEFAULTS,
     }
     with one_line_when_full(Path(out).absolute().parent, f"exported model {Path(out).name}",
@@ -115,6 +134,12 @@ def is_export(folder: Path) -> bool:
     return isinstance(config, dict) and "format" in config and {p.name for p in folder.iterdir()} <= set(MODEL_FILES)
 
 
+def where(runtime: dict) -> str:
+    if runtime.get("xip"):
+        return "weights read in place from raw flash"
+    return "streaming layers from flash" if runtime["stream"] else "all weights in RAM"
+
+
 @cli
 def main(argv: list[str] | None = None) -> int:
     ap = CliParser(prog="python -m rp2040.export", description=__doc__.split("\n\n")[0])
@@ -128,13 +153,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the weights in RAM only if the Pico keeps this much heap free after loading; "
                          f"else stream them from flash (default {DEFAULT_MIN_FREE_KB})")
     ap.add_argument("--force", action="store_true", help="export even when over the RAM budget")
+    ap.add_argument("--in-place", action="store_true", help="read the weights in place from raw flash even when "
+                    "they fit in RAM (the default only when they do not)")
     args = ap.parse_args(argv)
-    cfg = export(args.checkpoint, args.out, args.dtype, args.ram_budget_kb, args.force, args.min_free_kb)
+    cfg = export(args.checkpoint, args.out, args.dtype, args.ram_budget_kb, args.force, args.min_free_kb,
+                 args.in_place)
     ram = cfg["ram"]
     for name, size in cfg["files"].items():
         print(f"{args.out / name}: {size:,} bytes")
     print(f"estimated RAM: {ram['estimate_bytes'] / 1024:.1f} KB of {ram['budget_bytes'] // 1024} KB budget "
-          f"({'streaming layers from flash' if cfg['runtime']['stream'] else 'all weights in RAM'}; "
+          f"({where(cfg['runtime'])}; "
           f"in RAM {ram['in_ram_bytes'] / 1024:.1f} KB, streamed {ram['streamed_bytes'] / 1024:.1f} KB); "
           f"heap free after load on a Pico: about {ram['free_after_load_bytes'] / 1024:.1f} KB")
     if ram["estimate_bytes"] > ram["budget_bytes"]:

@@ -24,9 +24,10 @@ from pathlib import Path
 from rp2040.bundle import DEVICE_MODEL_DIR, DEVICE_PACKAGE, check_model, compile_runtime, model_files, runtime_files
 from rp2040.prompt import check_prompt, model_config
 from utils.atomic import atomic_write
+from rp2040.runtime.xip import RAW_END, RAW_OFFSET
 from rp2040.uf2 import FLASH_SIZE
 from utils.errors import CliParser, PiconeoxError, cli
-from utils.textfile import printable
+from utils.textfile import printable, read_json
 
 RP2040_USB_VID = 0x2E8A  # Raspberry Pi: the Pico's MicroPython USB serial
 BOARD_SCRIPT = Path(__file__).resolve().parent / "board_install.py"
@@ -128,8 +129,11 @@ def install_step(base: list[str], files: dict[str, Path], build_dir: Path, keep:
         folders.setdefault(dev.rsplit("/", 1)[0], []).append(host)
     prepare = board_script(build_dir, "prepare", {"do": "prepare", "replace": REPLACE, "clear": clear,
                                                   "dirs": sorted(folders)})
-    commit = board_script(build_dir, "commit", {"do": "commit", "replace": REPLACE, "files": digests(copy),
-                                                "keep": sorted(keep)})
+    commit_args = {"do": "commit", "replace": REPLACE, "files": digests(copy), "keep": sorted(keep)}
+    if raw := raw_model(files):  # model.bin goes to the raw flash region, read in place (runtime/xip.py)
+        size, sha = digests({raw: files[raw]})[raw]
+        commit_args["raw"] = {"path": raw, "size": size, "sha256": sha, "offset": RAW_OFFSET, "end": RAW_END}
+    commit = board_script(build_dir, "commit", commit_args)
     argv = base + ["run", str(prepare)]
     for folder, hosts in folders.items():
         argv += ["+", "fs", "cp", "-f", *map(str, hosts), f":{STAGE}{folder}/"]
@@ -137,6 +141,15 @@ def install_step(base: list[str], files: dict[str, Path], build_dir: Path, keep:
     kept = f", keep {len(keep)} unchanged" if keep else ""
     return Step(f"copy {len(copy)} files ({size:,} bytes) to {STAGE}{kept}, check them on the board, swap them in",
                 argv + ["+", "run", str(commit)])
+
+
+def raw_model(files: dict[str, Path]) -> str | None:
+    """The device path of model.bin when its export reads the weights in place from raw flash, else None."""
+    config = files.get(f"{DEVICE_MODEL_DIR}/config.json")
+    model = f"{DEVICE_MODEL_DIR}/model.bin"
+    if config is None or model not in files:
+        return None
+    return model if read_json(config).get("runtime", {}).get("xip") else None
 
 
 def start_step(base: list[str], start: bool) -> Step:

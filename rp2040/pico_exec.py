@@ -19,9 +19,11 @@ from utils.errors import PiconeoxError
 CYCLES_PER_US = 125
 
 
-def run_code(code: str, files: dict[str, Path] | None = None, max_wall_s: float = 600) -> str:
+def run_code(code: str, files: dict[str, Path] | None = None, max_wall_s: float = 600,
+             raw: Path | None = None) -> str:
     """Console output of `code` run at the board's REPL; `files` (device path -> host file) are flashed
-    beside the runtime. Raises PiconeoxError with the console's tail if it stops without "@@ DONE"."""
+    beside the runtime, and `raw` (a model.bin read in place) into the raw flash region. Raises
+    PiconeoxError with the console's tail if it stops without "@@ DONE"."""
     if emulate.unavailable():
         raise PiconeoxError(emulate.unavailable())
     firmware, bootrom = emulate.find_firmware(None, None)
@@ -33,6 +35,7 @@ def run_code(code: str, files: dict[str, Path] | None = None, max_wall_s: float 
         paste = "\x05" + code.replace("\r", "") + "\nprint('@@ DONE')\n\x04"
         job = {"firmware": str(firmware), "bootrom": str(bootrom), "fs": str(image), "max_wall_s": max_wall_s,
                "steps": [{"wait": "", "send": "\x03\x03"}, {"wait": ">>> $", "send": paste}],
+               "raw": str(raw) if raw else None, "raw_offset": emulate.RAW_OFFSET,
                "done": r"(^|\n)@@ DONE\r?\n", "boot_s": emulate.BOOT_S, "boot_wall_s": emulate.BOOT_WALL_S}
         proc = subprocess.run(["node", str(emulate.RUNNER)], input=json.dumps(job), capture_output=True,
                               text=True, errors="replace", cwd=emulate.HERE, timeout=max_wall_s + 60)

@@ -6,6 +6,7 @@
   free after loading (config.json "ram"). Measured with rp2040.emulate (rp2040-speed int8, 171,976 bytes
   predicted free, limit 8,598): 8,000 characters generate; 14,000 and 30,000 never finish.
 - A generation that ends before the tokens asked for because the context is full says so.
+- The ids the host computes for a prompt, which the board's must equal (host_ids).
 """
 from __future__ import annotations
 
@@ -52,3 +53,28 @@ def context_stop(asked: int, generated: int, prompt_tokens: int, context: int) -
         return (f"stopped after {generated} of {asked} tokens: the model's context is {context} tokens "
                 f"({prompt_tokens} of the prompt + {generated} generated)")
     return None
+
+
+def host_ids(model_dir: Path, prompt_ids: list[int], tokens: int) -> list[int]:
+    """The ids the host computes for the same prompt ids and default sampling (the board must equal
+    them): the integer reference for int8 models (the spec), the runtime under CPython for f32."""
+    config = model_config(model_dir)
+    g = config["generation"]
+    if config["dtype"] == "int8":
+        from rp2040.reference import ReferenceModel, generate
+
+        return generate(ReferenceModel(Path(model_dir) / "model.bin"), prompt_ids, tokens, g["temperature"],
+                        g["top_k"], g["seed"], config["tokenizer"]["eos"])
+    from rp2040.runtime.generate import Generator, load, sampler_for
+
+    model, tok, config = load(str(model_dir))
+    gen = Generator(model, sampler_for(model, config))
+    gen.prompt(prompt_ids)
+    out = []
+    while len(out) < tokens and gen.room() > 0:
+        t = gen.step()
+        out.append(t)
+        if t == tok.eos:
+            break
+    model.close()
+    return out

@@ -6,6 +6,7 @@ config.json's "runtime" and "generation" sections give the defaults used here.
 """
 import gc
 import json
+import os
 import time
 
 from .gpt import GPT
@@ -28,8 +29,19 @@ def load(model_dir, stream=None):
     gc.collect()
     if stream is None:
         stream = config["runtime"]["stream"]
-    model = GPT(model_dir + "/model.bin", stream=stream)
+    xip = config["runtime"].get("xip")  # on the board: model.bin is in raw flash, not a file (xip.py)
+    if xip and has_file(model_dir + "/model.bin"):  # the host, which has the file
+        xip = None
+    model = GPT(model_dir + "/model.bin", stream=stream, xip=xip)
     return model, tok, config
+
+
+def has_file(path):
+    try:
+        os.stat(path)
+    except OSError:
+        return False
+    return True
 
 
 class Generator:

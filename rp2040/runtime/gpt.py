@@ -13,7 +13,7 @@ from array import array
 from . import fixed as fx
 from . import intkernels as IK
 from . import kernels as K
-from .modelfile import read_header, read_into, verify_checksum
+from .modelfile import FormatError, read_header, read_into, verify_checksum
 
 ITEMSIZE = {"b": 1, "h": 2, "i": 4, "f": 4}
 
@@ -24,7 +24,7 @@ def head_chunk(h):
     return max(3 * h.hidden, h.inter)
 
 
-def plan_buffers(h, lay, stream):
+def plan_buffers(h, lay, stream, xip=False):
     """Every buffer the model needs: [(name, typecode, items)], largest first.
 
     Shared with the exporter, whose RAM estimate is the sum of these plus the runtime's measured
@@ -33,7 +33,9 @@ def plan_buffers(h, lay, stream):
     the final norm on (int8: the row multipliers of the embedding and head, and the constant tables).
     """
     d, n, v, pt = h.hidden, h.inter, h.vocab, h.p_typecode
-    if stream:
+    if xip:  # the weights stay in memory-mapped flash: only P in RAM
+        plan = [("params", pt, lay.n_params)]
+    elif stream:
         plan = [("layer", h.typecode, lay.w_layer), ("layer_params", pt, lay.p_layer),
                 ("params", pt, lay.n_params - lay.final_ln_w)]
     else:
@@ -72,27 +74,41 @@ class Zeros:
             yield 0
 
 
-def GPT(path, stream=False, verify=True):
-    """Load a model.bin for token-by-token inference: IntGPT for int8 files, FloatGPT for f32."""
-    f = open(path, "rb")
+def GPT(path, stream=False, verify=True, xip=None):
+    """Load a model.bin for token-by-token inference: IntGPT for int8 files, FloatGPT for f32. With `xip`
+    (config.json's runtime["xip"]) the file is the raw flash region, its weights read in place (xip.py)."""
+    if xip:
+        from .xip import open_region
+
+        f = open_region(xip)
+    else:
+        f = open(path, "rb")
     try:
         h, lay = read_header(f)
+        if xip and not all(h.interleaved(r, c) for r, c in ((h.vocab, h.hidden), (3 * h.hidden, h.hidden),
+                                                             (h.hidden, h.inter), (h.inter, h.hidden))):
+            raise FormatError("only a model.bin whose matrices are all interleaved is read in place")
         verified = verify_checksum(f, lay) if verify else False
     except Exception:
         f.close()
         raise
-    return (IntGPT if h.int8 else FloatGPT)(f, h, lay, stream, verified)
+    return (IntGPT if h.int8 else FloatGPT)(f, h, lay, stream and not xip, verified, bool(xip))
 
 
 class Model:
     """Buffers and weight access shared by both forward passes. `forward(token, pos)` returns logits."""
 
-    def __init__(self, f, h, lay, stream, verified):
+    def __init__(self, f, h, lay, stream, verified, xip=False):
         self.f, self.h, self.lay, self.stream, self.checksum_verified = f, h, lay, stream, verified
+        self.xip = xip
         gc.collect()  # then the largest buffers first, while the heap is least fragmented
-        for name, typecode, items in plan_buffers(h, lay, stream):
+        for name, typecode, items in plan_buffers(h, lay, stream, xip):
             setattr(self, name, array(typecode, Zeros(items)))
-        if stream:
+        if xip:  # P into RAM, the weights addressed where they are (bytes q + 128 of interleaved matrices)
+            self.p_base = 0
+            read_into(f, lay.p_offset, self.params, 4 * lay.n_params)
+            self.weights = f.mv[lay.w_offset:lay.w_offset + lay.n_weights]
+        elif stream:
             self.p_base = lay.final_ln_w  # `params` holds P from the final norm on
             read_into(f, lay.p_offset + 4 * self.p_base, self.params, 4 * (lay.n_params - self.p_base))
         else:
@@ -137,8 +153,8 @@ class Model:
 class IntGPT(Model):
     """int8 weights, int32 fixed-point activations, int16 KV cache: no float is made per token."""
 
-    def __init__(self, f, h, lay, stream, verified):
-        super().__init__(f, h, lay, stream, verified)
+    def __init__(self, f, h, lay, stream, verified, xip=False):
+        super().__init__(f, h, lay, stream, verified, xip)
         c = lay.consts - self.p_base  # the constants block inside `params`
         p = self.params
         self.c_off = c
@@ -150,28 +166,28 @@ class IntGPT(Model):
         self.qk_limit = (1 << fx.qk_bits(h.head_dim)) - 1
         self.v_limit = (1 << fx.V_BITS) - 1
         self.limit_d, self.limit_n = fx.input_limit(h.hidden), fx.input_limit(h.inter)
+        d, n = h.hidden, h.inter  # each matrix shape's kernel: matvec4 for 4-row interleaved blocks (v4)
+        self.kernel = {r * 65536 + c: IK.matvec4 if h.interleaved(r, c) else IK.matvec
+                       for r, c in ((3 * d, d), (d, d), (n, d), (d, n))}
 
     def _linear(self, out, x, n_out, n_in, limit, w, w_off, p, m_off, shift, b_off):
         s = IK.quantize(self.xq, 0, x, 0, n_in, limit)
-        mv = IK.matvec4 if self.h.interleaved(n_out, n_in) else IK.matvec
-        mv(out, w, w_off, self.xq, n_out, n_in, p, m_off, shift - s, b_off)
+        self.kernel[n_out * 65536 + n_in](out, w, w_off, self.xq, n_out, n_in, p, m_off, shift - s, b_off)
 
     def _embed(self, token, d):
         """x = the token's embedding row, in Q16 (a row of an interleaved table is every 4th byte of its block)."""
-        x, lay = self.x, self.lay
+        lay = self.lay
         mult = self.params[lay.s_embed - self.p_base + token]
         s = self.params[self.c_off + fx.C_EMBED_S] - fx.ACT_FRAC
         if self.h.interleaved(self.h.vocab, d):
             w, k, _, _ = self._fetch((token >> 2) * 4 * d, 4 * d, 0, 0)
-            k += token & 3
-            for i in range(d):
-                y = ((w[k + 4 * i] & 255) - 128) * mult
-                x[i] = y >> s if s >= 0 else y << -s
-            return
-        w, k, _, _ = self._fetch(token * d, d, 0, 0)
-        for i in range(d):
-            y = w[k + i] * mult
-            x[i] = y >> s if s >= 0 else y << -s
+            IK.embed(self.x, w, k + (token & 3), 4, 0, d, mult, s)
+        else:
+            w, k, _, _ = self._fetch(token * d, d, 0, 0)
+            IK.embed(self.x, w, k, 1, 128, d, mult, s)
+
+    def _add_mlp(self, d):
+        IK.residual(self.x, self.out, self.h2, d, self.h.parallel_residual)
 
     def forward(self, token, pos):
         """Run one token at position `pos` (0-based, < context); returns the int32 logits (Q16)."""
@@ -202,8 +218,7 @@ class IntGPT(Model):
                       self.k_shift, self.v_shift, srow, self.scores, self.exp, 0)
             self._linear(out, att, d, d, ld, w, w0 + lay.dense, p, pb + lay.dense_s, p[sh + 3], pb + lay.dense_b)
             if not h.parallel_residual:
-                for i in range(d):
-                    x[i] += out[i]
+                IK.residual(x, out, out, d, False)
             IK.layernorm(h2, x, d, p, pb + lay.ln2_w, pb + lay.ln2_b, p[sh + 1], self.eps, self.norm_bits)
             self._linear(mlp, h2, n, d, ld, w, w0 + lay.fc_in, p, pb + lay.fc_in_s, p[sh + 4], pb + lay.fc_in_b)
             IK.gelu(mlp, n, prm, self.gelu_off)
@@ -225,8 +240,8 @@ class IntGPT(Model):
 class FloatGPT(Model):
     """f32 weights and activations (floats: each result is a heap object on the RP2040)."""
 
-    def __init__(self, f, h, lay, stream, verified):
-        super().__init__(f, h, lay, stream, verified)
+    def __init__(self, f, h, lay, stream, verified, xip=False):
+        super().__init__(f, h, lay, stream, verified, xip)
         # As transformers: inv_freq[i] = base ** (-2i / rotary_dims); angle = pos * inv_freq[i].
         half = h.rotary_dims // 2
         for i in range(half):

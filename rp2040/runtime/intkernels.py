@@ -61,6 +61,20 @@ def matvec4(out, w, w_off, xq, n_out, n_in, p, m_off, shift, b_off):
         out[o] = y + p[b_off + o] if b_off >= 0 else y
 
 
+def embed(x, w, k, step, flip, d, mult, s):
+    """x[i] = (q * mult) >> s (<< -s when s < 0) with q the byte w[k + step * i] as int8: `flip` 128 for
+    row-major tables (signed bytes), 0 for interleaved ones (bytes q + 128)."""
+    for i in range(d):
+        y = ((((w[k + step * i]) & 255) ^ flip) - 128) * mult
+        x[i] = y >> s if s >= 0 else y << -s
+
+
+def residual(x, a, b, d, both):
+    """x += a (+ b when `both`)."""
+    for i in range(d):
+        x[i] += a[i] + b[i] if both else a[i]
+
+
 def layernorm(out, x, d, p, g_off, b_off, shift, eps, bits):
     """Integer LayerNorm: out = (x - mean) / sqrt(var + eps) * gamma + beta, all in ints (FORMAT.md)."""
     s = 0
@@ -240,8 +254,8 @@ def draw(z, n, top, tau, inv_t, t, e_off, rng):
 
 
 try:
-    from .kernels_native import (argmax, attend, draw, gelu, kth_largest, layernorm,  # noqa: F811
-                                 quantize, rotate, store16)
+    from .kernels_native import (argmax, attend, draw, embed, gelu, kth_largest, layernorm,  # noqa: F811
+                                 quantize, residual, rotate, store16)
     from .matvec_native import matvec, matvec4  # noqa: F811
 except (ImportError, SyntaxError):
     pass  # CPython, or a port without native emitters (WebAssembly): keep the plain loops

@@ -33,6 +33,26 @@ def store16(dst: ptr16, d_off: int, src: ptr32, n: int):  # noqa: F821
 
 
 @micropython.viper
+def embed(x: ptr32, w: ptr8, k: int, step: int, flip: int, d: int, mult: int, s: int):  # noqa: F821
+    for i in range(d):
+        y = ((w[k + step * i] ^ flip) - 128) * mult
+        if s >= 0:
+            x[i] = y >> s
+        else:
+            x[i] = y << (0 - s)
+
+
+@micropython.viper
+def residual(x: ptr32, a: ptr32, b: ptr32, d: int, both: bool):  # noqa: F821
+    if both:
+        for i in range(d):
+            x[i] += a[i] + b[i]
+    else:
+        for i in range(d):
+            x[i] += a[i]
+
+
+@micropython.viper
 def layernorm(out: ptr32, x: ptr32, d: int, p: ptr32, g_off: int, b_off: int, shift: int, eps: int,  # noqa: F821
               bits: int):
     s = 0

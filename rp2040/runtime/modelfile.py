@@ -120,6 +120,9 @@ def read_header(f):
 
 def read_into(f, offset, buf, nbytes):
     """Fill `buf` (an array or memoryview slice holding `nbytes` bytes) from the file at `offset`."""
+    if hasattr(f, "copy_into"):  # xip.XipFile: memory-mapped flash
+        f.copy_into(offset, buf, nbytes)
+        return
     f.seek(offset)
     if f.readinto(buf) != nbytes:
         raise FormatError("model.bin is truncated")
@@ -132,6 +135,11 @@ def verify_checksum(f, layout):
     """
     if crc32 is None:
         return False
+    if hasattr(f, "mv"):  # xip.XipFile: one pass over the mapping, no buffer
+        stored = struct.unpack("<I", bytes(f.mv[layout.crc_offset:layout.crc_offset + 4]))[0]
+        if (crc32(f.mv[:layout.crc_offset]) & 0xFFFFFFFF) != stored:
+            raise FormatError("model.bin checksum mismatch (file corrupt or partly copied)")
+        return True
     buf = bytearray(256)
     mv = memoryview(buf)
     f.seek(0)
