@@ -139,8 +139,9 @@ def install_step(base: list[str], files: dict[str, Path], build_dir: Path, keep:
         argv += ["+", "fs", "cp", "-f", *map(str, hosts), f":{STAGE}{folder}/"]
     size = sum(p.stat().st_size for p in copy.values())
     kept = f", keep {len(keep)} unchanged" if keep else ""
-    return Step(f"copy {len(copy)} files ({size:,} bytes) to {STAGE}{kept}, check them on the board, swap them in",
-                argv + ["+", "run", str(commit)])
+    raw_note = f", write {raw} into raw flash at {RAW_OFFSET:#x} and check it" if raw else ""
+    return Step(f"copy {len(copy)} files ({size:,} bytes) to {STAGE}{kept}, check them on the board{raw_note}, "
+                "swap them in", argv + ["+", "run", str(commit)])
 
 
 def raw_model(files: dict[str, Path]) -> str | None:
