@@ -445,11 +445,14 @@ def finish(run: Run, reason: str) -> int:
     sample, tokens = [], run.cfg.run.sample_tokens
     if run.budget is not None and tokens and not preempted:  # as many as the budget has room for, rank 0 decides
         tokens = rank0_decides(lambda: run.budget.sample_tokens(tokens), run.accelerator.is_main_process)
+    deadline = None  # and where no forward is a collective, it also ends when the budget's time does
+    if run.budget is not None and not run.accelerator.is_fsdp2:
+        deadline = run.budget.sample_deadline()
 
     def sample_text():  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
         if not preempted and tokens:
             model = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
-            sample.append(log_sample(model, run.tokenizer, run.cfg.run.sample_prompt, tokens, tc.seed, log))
+            sample.append(log_sample(model, run.tokenizer, run.cfg.run.sample_prompt, tokens, tc.seed, log, deadline))
 
     stop.doing = lambda: f"saving step {state.step} ({run.ckpt.phase or 'copying its state'})"
     code = run.ckpt.finish(state.step, consolidate=not preempted, timeout=stop.remaining, meanwhile=sample_text)

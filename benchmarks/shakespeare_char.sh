@@ -2,6 +2,12 @@
 # nanoGPT's shakespeare-char CPU recipe on nanoGPT's own split, and (with --vs-nanogpt) nanoGPT itself right after.
 #
 #   benchmarks/shakespeare_char.sh [--vs-nanogpt PATH-TO-NANOGPT-CHECKOUT] [--presets LIST]
+#   benchmarks/shakespeare_char.sh --vs-nanogpt PATH --budget-ratios 0.3,1.0 [--budget-preset NAME]
+#
+# --budget-ratios: nanoGPT runs first; then our budgeted recipe (--budget-preset, default shakespeare-char-budget)
+# once per ratio, with --time-budget = ratio x nanoGPT's wall time (prepare + train) less our own prepare_data.py's
+# time, so that our wall time end to end is within ratio x nanoGPT's; one line per ratio:
+#   at 0.30x nanoGPT's time (39.0 s): val loss 1.8412 (nanoGPT 1.9030), wall 38.2 s
 #
 # --presets: our presets to run, comma-separated (default shakespeare-char-fast,shakespeare-char-best; add
 # shakespeare-char for nanoGPT's recipe on our trainer, the like-for-like row).
@@ -24,16 +30,32 @@ trap 'echo "error: interrupted" >&2; exit 130' INT TERM
 cd "$(dirname "$0")/.."
 NANOGPT=""
 PRESETS=shakespeare-char-fast,shakespeare-char-best
+RATIOS=""
+BUDGET_PRESET=shakespeare-char-budget
 while [ $# -gt 0 ]; do
   case "$1" in
     --vs-nanogpt) [ $# -ge 2 ] || { echo "error: --vs-nanogpt needs a path to a nanoGPT checkout" >&2; exit 2; }
                   NANOGPT=$2; shift 2 ;;
     --presets) [ $# -ge 2 ] || { echo "error: --presets needs a comma-separated list of presets" >&2; exit 2; }
                PRESETS=$2; shift 2 ;;
-    *) echo "error: unknown argument $1 (allowed: --vs-nanogpt PATH, --presets LIST)" >&2; exit 2 ;;
+    --budget-ratios) [ $# -ge 2 ] || { echo "error: --budget-ratios needs a list such as 0.3,1.0" >&2; exit 2; }
+                     RATIOS=$2; shift 2 ;;
+    --budget-preset) [ $# -ge 2 ] || { echo "error: --budget-preset needs a preset name" >&2; exit 2; }
+                     BUDGET_PRESET=$2; shift 2 ;;
+    *) echo "error: unknown argument $1 (allowed: --vs-nanogpt PATH, --presets LIST, --budget-ratios LIST," \
+            "--budget-preset NAME)" >&2; exit 2 ;;
   esac
 done
 [ -n "${PRESETS//,/}" ] || { echo "error: --presets '$PRESETS' names no preset" >&2; exit 2; }
+if [ -n "$RATIOS" ]; then
+  [ -n "$NANOGPT" ] || { echo "error: --budget-ratios needs --vs-nanogpt PATH (the budgets are ratios of its time)" >&2
+                         exit 2; }
+  for r in ${RATIOS//,/ }; do
+    [[ "$r" =~ ^[0-9]+(\.[0-9]+)?$ ]] && [ "$(echo "$r > 0" | bc)" = 1 ] || {
+      echo "error: --budget-ratios '$RATIOS': '$r' is not a positive number (e.g. 0.3,1.0)" >&2; exit 2; }
+  done
+  PRESETS=$BUDGET_PRESET  # the fixed-step presets are not run in this mode
+fi
 TEXT=${SHAKESPEARE_TEXT:-../shared/data/tinyshakespeare/input.txt}
 [ -f "$TEXT" ] || { echo "error: $TEXT not found (see ../shared/data/PROVENANCE.md)" >&2; exit 2; }
 if [ -n "$NANOGPT" ] && ! [ -f "$NANOGPT/train.py" -a -f "$NANOGPT/data/shakespeare_char/prepare.py" ]; then
@@ -50,7 +72,7 @@ trap 'rm -rf "$OUT"' EXIT
 seconds_since() { echo "$(date +%s.%N) - $1" | bc; }
 
 # One of our runs as a user runs it, timed end to end; its final model scored on the shared val blocks.
-for preset in ${PRESETS//,/ }; do
+for preset in $([ -z "$RATIOS" ] && echo "${PRESETS//,/ }"); do
   start=$(date +%s.%N)
   $PY prepare_data.py "$TEXT" --name "$preset" --out-dir "$OUT/data" --tokenizer char --val-split tail
   $PY train.py --config "$preset" --data "$OUT/data/$preset" --output-dir "$OUT/ckpt" --log-dir "$OUT/logs" \
@@ -84,6 +106,26 @@ scores=$($PY benchmarks/char_val_loss.py nanogpt "$OUT/nanogpt-out" "$OUT/nanogp
 read -r nano_random nano_full <<< "$scores"
 echo "nanoGPT shakespeare-char: val loss ${nano_random} (the same 200 x 12 blocks; its own 20-batch estimate printed"\
 " ${nano_own:-?}), ${nano_full} (all of val), wall time $(printf %.1f "$nano_s") s (prepare + train)"
+if [ -n "$RATIOS" ]; then
+  lines=()
+  for r in ${RATIOS//,/ }; do
+    budget=$(echo "$r * $nano_s" | bc -l)
+    name="$BUDGET_PRESET-$r"
+    start=$(date +%s.%N)
+    $PY prepare_data.py "$TEXT" --name "$name" --out-dir "$OUT/data" --tokenizer char --val-split tail
+    left=$(echo "$budget - ($(date +%s.%N) - $start)" | bc -l)  # our own prepare counts against the budget
+    $PY train.py --config "$BUDGET_PRESET" --time-budget "$(printf %.2f "$left")" --data "$OUT/data/$name" \
+      --output-dir "$OUT/ckpt" --log-dir "$OUT/logs" --run-name "$name" --sample-prompt "${SAMPLE_PROMPT:-ROMEO:}"
+    secs=$(seconds_since "$start")
+    scores=$(PYTHONPATH=$PWD $PY benchmarks/char_val_loss.py piconeox "$OUT/ckpt/$name/final" "$OUT/data/$name")
+    read -r random full <<< "$scores"
+    lines+=("at $(printf %.2f "$r")x nanoGPT's time ($(printf %.1f "$budget") s): val loss $random (nanoGPT"\
+" $nano_random), wall $(printf %.1f "$secs") s")
+    echo "${lines[-1]}; over all of val $full; load $(cut -d' ' -f1-3 /proc/loadavg)"
+  done
+  printf '%s\n' "${lines[@]}"
+  exit 0
+fi
 # Our quickest run that reached nanoGPT's final val loss (on the same blocks).
 read -r preset random secs <<< "$(awk -v n="$nano_random" '$2 <= n' "$OUT/ours.txt" | sort -g -k3 | head -1)"
 if [ -z "${secs:-}" ]; then

@@ -265,4 +265,5 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "shakespeare-char": SHAKESPEARE_CHAR,
     "shakespeare-char-fast": CHAR_FAST,
     "shakespeare-char-best": CHAR_FAST,
+    "shakespeare-char-budget": CHAR_FAST,
 }

@@ -9,7 +9,7 @@ from configs.presets import resolve_config
 from utils.errors import PiconeoxError
 from utils.optim import build_scheduler, on_time
 from utils.run.allocation import slurm_time_left
-from utils.run.budget import TimeBudget, parse_duration
+from utils.run.budget import TimeBudget, for_run, parse_duration
 
 
 class FakeClock:
@@ -168,3 +168,20 @@ def test_a_wsd_decay_that_rounds_to_no_step_is_refused():
     assert resolve_config("test", overrides=ok).train.decay_fraction == 0.005
     budgeted = {"train.lr_schedule": "wsd", "train.decay_fraction": "0.001", "train.time_budget_s": "60"}
     assert resolve_config("test", overrides=budgeted).train.time_budget_s == 60  # the clock decays, not steps
+
+
+def test_a_slurm_limit_is_the_budget_less_the_grace_or_the_signal_lead(caplog):
+    import logging
+
+    log = logging.getLogger("budget-test")
+    job = {"SLURM_JOB_ID": "4242"}
+    with caplog.at_level(logging.INFO, logger="budget-test"):
+        budget = for_run(0, 30, True, log, env=job, time_left=lambda env: 600.0)
+    assert budget.this_process and budget.max_steps_too
+    assert budget.end() - budget.clock() == pytest.approx(570, abs=1)
+    assert "time budget from Slurm job 4242: its time limit is in 10m (600 s), less --grace-seconds 30" in caplog.text
+    led = for_run(0, 30, True, log, env={**job, "PICONEOX_SIGNAL_LEAD_S": "120"}, time_left=lambda env: 600.0)
+    assert led.end() - led.clock() == pytest.approx(480, abs=1)
+    assert for_run(0, 30, True, log, env=job, time_left=lambda env: None) is None  # UNLIMITED
+    given = for_run(90, 30, True, log, env=job, time_left=lambda env: 600.0)
+    assert given.seconds == 90 and not given.max_steps_too  # --time-budget wins

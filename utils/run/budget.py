@@ -18,7 +18,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from utils.errors import PiconeoxError
 from utils.run.allocation import slurm_seconds_left
@@ -141,10 +141,13 @@ class TimeBudget:
         """A step's wall time: the window closes one (recent, averaged) step early, so the last step ends in it."""
         self.step_s = seconds if not self.step_s else 0.8 * self.step_s + 0.2 * seconds
 
+    def sample_deadline(self) -> float:
+        """When the final sample must end: the budget's end less the save's share of the reserve and FINISH_S."""
+        return self.end() - self._finish.get("save_s", 0.0) - FINISH_S
+
     def sample_tokens(self, wanted: int) -> int:
-        """How many of the final sample's `wanted` tokens fit in what is left of the budget (`token_s` each), after
-        the save's share of the reserve."""
-        left = self.end() - self.clock() - self._finish.get("save_s", 0.0) - FINISH_S
+        """How many of the final sample's `wanted` tokens fit in what is left of the budget (`token_s` each)."""
+        left = self.sample_deadline() - self.clock()
         return wanted if not self.token_s else max(0, min(wanted, int(left / self.token_s)))
 
     def stop_at(self) -> float:
@@ -164,26 +167,31 @@ class TimeBudget:
         return self._measured
 
 
+SIGNAL_LEAD_ENV = "PICONEOX_SIGNAL_LEAD_S"
 FINISH_S = 1.5  # the final save's own work, final/, the loss plot and the summary of a small model on a CPU
 
 
-def for_run(seconds: float, grace_seconds: float, is_main: bool, log, env: Mapping[str, str] = os.environ
-            ) -> TimeBudget | None:
-    """The run's budget: train.time_budget_s; else, inside a Slurm job with a time limit, the job's end less the
-    grace (rank 0 asks squeue; every rank learns its answer); else None. Says which in the log."""
+def for_run(seconds: float, grace_seconds: float, is_main: bool, log, env: Mapping[str, str] = os.environ,
+            time_left: Callable[[Mapping[str, str]], float | None] = slurm_seconds_left) -> TimeBudget | None:
+    """The run's budget: train.time_budget_s; else, inside a Slurm job with a time limit (`time_left`), the job's
+    end less the grace, or less the batch script's signal lead when longer (rank 0 asks squeue; every rank learns
+    its answer); else None. Says which in the log."""
     from utils.distributed import broadcast_object
 
     if seconds:
         log.info(f"time budget {describe(seconds)} (train.time_budget_s), counted from this process's start "
                  f"({process_age():.1f} s ago): training ends in time for the final evaluation, save and sample")
         return TimeBudget(seconds, f"--time-budget {seconds:g}")
-    left = broadcast_object(slurm_seconds_left(env) if is_main else None)
+    left = broadcast_object(time_left(env) if is_main else None)
     if left is None:
         return None
-    age = process_age()
-    budget = TimeBudget(age + left - grace_seconds, f"Slurm job {env.get('SLURM_JOB_ID')}'s time limit less "
-                        f"--grace-seconds {grace_seconds:g}", this_process=True)
+    lead = env.get(SIGNAL_LEAD_ENV, "")  # configs/slurm/train.sbatch's --signal=B:TERM@N comes N s before the end
+    before, why = grace_seconds, f"--grace-seconds {grace_seconds:g}"
+    if re.fullmatch(r"\d{1,6}", lead) and int(lead) > grace_seconds:
+        before, why = float(lead), f"{SIGNAL_LEAD_ENV}={lead} (the batch script's stop signal comes then)"
+    budget = TimeBudget(process_age() + left - before, f"Slurm job {env.get('SLURM_JOB_ID')}'s time limit less "
+                        f"{before:g} s", this_process=True)
     log.info(f"time budget from Slurm job {env.get('SLURM_JOB_ID')}: its time limit is in {describe(left)}, less "
-             f"--grace-seconds {grace_seconds:g}: the lr schedule's decay ends there (or at max_steps, if sooner), "
-             "then the final save; --time-budget sets another")
+             f"{why}: the lr schedule's decay ends there (or at max_steps, if sooner), then the final save; "
+             "--time-budget sets another")
     return budget
