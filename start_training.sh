@@ -244,6 +244,9 @@ fi
 # and prints a failed worker's one `error:` line instead of accelerate's exit 1 or torchrun's traceback.
 cmd=("$PY" "$ROOT/utils/launch.py" "${launch[@]}" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}")
 if [ "$dry_run" -eq 1 ]; then
+  # the line only runs if train.py takes its settings: a misspelt preset or a bad --set is its one line here too
+  [ -n "${sharding:-}" ] || "$PY" "$ROOT/train.py" "${train_args[@]}" "${extra_args[@]}" --print-sharding \
+    --gpus "$total" >/dev/null || exit $?
   line=$(printf '%q ' "${envs[@]}" "${cmd[@]}")
   echo "${line% }"
   exit 0
@@ -251,6 +254,9 @@ fi
 
 # One run per name: the preflight takes the run's lock in this script's name (utils/run/runlock.py), the training
 # processes join it, and it is removed once this script and all of them are gone (on every exit path).
+# The scheduler's variables have been read (the flags above hold what they decided): the launcher sets its own for each
+# training process, and a one-process launch would hand leftovers to train.py as a group to wait for.
+unset MASTER_ADDR MASTER_PORT WORLD_SIZE RANK LOCAL_RANK NODE_RANK PET_MASTER_ADDR PET_MASTER_PORT PET_NNODES PET_NODE_RANK
 export PICONEOX_RUN_LOCK_OWNER=$$
 if [ "$machines" -gt 1 ]; then export PICONEOX_MACHINE_RANK=$rank; fi
 # in TMPDIR, or where Python's tempfile falls back to when it is missing, read-only or full (then the run uses it too)

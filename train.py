@@ -167,7 +167,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
     from utils.run.allocation import machine_folder
     from utils.ema import WeightEMA
     from utils.lm import auto_micro_batch
-    from utils.optim import check_allowed, state_bytes
+    from utils.optim import check_allowed, kept_rates, state_bytes
     from utils.report.metrics import MetricsWriter, peak_flops, setup_logging
     from utils.report.progress import TrainReport, log_start
     from utils.report.trackers import parse_report_to
@@ -229,8 +229,11 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
                 optimizer_bytes=state_bytes(unwrapped, tc.optimizer),
                 published="ema" if tc.best_final_weights == "ema" else None)
     if resume_from:
+        asked = list(scheduler.base_lrs)
         ckpt.restore(resume_from)
         log.info(f"resumed from {resume_from} at step {state.step} ({state.tokens_seen:,} tokens seen)")
+        if note := kept_rates(asked, scheduler.base_lrs):
+            log.warning(note)
     if state.step >= tc.max_steps and (budget is None or budget.max_steps_too):
         raise PiconeoxError(f"--max-steps {tc.max_steps}: the resumed run is already at step {state.step}; "
                             "raise --max-steps")

@@ -13,6 +13,9 @@ from configs.base import ConfigBase
 from utils.errors import PiconeoxError
 
 
+MAX_SAMPLE_TOKENS = 1000
+
+
 @dataclass(frozen=True)
 class RunSettings(ConfigBase):
     """Everything about a run that is not the model or the training recipe."""
@@ -55,8 +58,8 @@ class RunSettings(ConfigBase):
     sample_prompt: str = "Once upon a time"
     """Prompt of the text sample logged at the end of the run."""
     sample_tokens: int = 200
-    """Tokens of that sample; 0: no sample (it is most of a short run's finish: 0.25 of 0.42 CPU seconds of a
-    2-step run of the test preset)."""
+    """Tokens of that sample, at most 1000 (each token is a forward over the whole context); 0: no sample (it is most of
+    a short run's finish: 0.25 of 0.42 CPU seconds of a 2-step run of the test preset)."""
 
     def validate(self, keep_last: int) -> RunSettings:
         """Every check that needs no file or bucket, each one line naming the flag; `keep_last` is train.keep_last."""
@@ -72,6 +75,10 @@ class RunSettings(ConfigBase):
                 raise PiconeoxError(f"run.{key} is empty: give a value, or leave it out for its default "
                                     f"({getattr(RunSettings, key)!r})")
         self.check_ints(("sample_tokens",), 0)
+        if self.sample_tokens > MAX_SAMPLE_TOKENS:  # each token is a forward over the whole context (no cache)
+            raise PiconeoxError(f"--sample-tokens {self.sample_tokens}: at most {MAX_SAMPLE_TOKENS} (the end of a "
+                                "run shows a glimpse; `python -m utils.generate CHECKPOINT --max-new-tokens N` writes "
+                                "more)")
         check_timeout(self.collective_timeout_minutes)
         check_timeout(self.step_timeout_minutes, "--step-timeout-minutes", 10)
         check_grace_seconds(self.grace_seconds)

@@ -11,6 +11,7 @@ How a run ends, as one exit code that survives `accelerate launch` (docs/runs.md
     2   refused: a setting, file or state the user can fix; one `error:` line, nothing of the run kept
     3   trained, but the newest checkpoint never reached --checkpoint-bucket; one line gives the command
         that finishes the upload (utils/push_checkpoint.py)
+    1   another process of the run died (a peer's kill -9, a crashed node); one line, the last checkpoint stays
     130 interrupted at once (a second Ctrl-C)
 
 Through the launcher a worker's own exit code is lost: accelerate exits 1 for any failure of one process and
@@ -26,6 +27,7 @@ import contextlib
 import errno
 import functools
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -128,9 +130,15 @@ def _outcome(main: Callable[..., int | None], argv) -> int:
         return finish(REFUSED, f"error: {where}{e.strerror}; {fix}")
     except KeyboardInterrupt:  # recorded like any outcome: under the launcher too, 130 and one line
         return finish(INTERRUPTED, "error: interrupted")
+    except RuntimeError as e:  # gloo's way of saying that another process of the group died: no bug of this one
+        if not (found := PEER_GONE.search(str(e))):
+            raise
+        return finish(PEER_LOST, f"error: another process of the run is gone (gloo: {found.group(0)}); this one "
+                      "stops too, without a save: the last complete checkpoint stays, and --resume auto continues it")
 
 
-DONE, REFUSED, NOT_UPLOADED, INTERRUPTED = 0, 2, 3, 130
+DONE, PEER_LOST, REFUSED, NOT_UPLOADED, INTERRUPTED = 0, 1, 2, 3, 130
+PEER_GONE = re.compile(r"Connection (?:closed|reset) by peer(?: \[[^\]]*\]:\d+)?|Broken pipe")
 STATUS_DIR_ENV = "PICONEOX_STATUS_DIR"
 
 

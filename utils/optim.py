@@ -178,3 +178,18 @@ def build_scheduler(optimizer, warmup_steps: int, max_steps: int, min_lr_ratio: 
             by_time = on_time(kind, s, progress(), warmup_steps, min_lr_ratio, decay_fraction)
             return min(by_time, by_step(s)) if steps_too else by_time
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def kept_rates(asked: list[float], restored: list[float]) -> str | None:
+    """The line a resume logs when its command asks for other peak learning rates (the schedule's base rates, one
+    per parameter group: AdamW's, and Muon's for its matrices) than the checkpoint's schedule holds: the restored
+    optimizer and scheduler states win. None when they agree."""
+    if [round(a, 12) for a in asked] == [round(r, 12) for r in restored]:
+        return None
+
+    def rates(values):
+        return ", ".join(f"{v:g}" for v in dict.fromkeys(values))
+
+    return (f"resume: the checkpoint's learning rate(s) {rates(restored)} continue, not the {rates(asked)} this "
+            "command asks for (--lr, train.muon_lr): a resume keeps its optimizer and schedule; to train at the new "
+            "rate, start a new run from its weights with --init-from checkpoints/<run>/final")

@@ -114,6 +114,12 @@ def check_accelerate_config(path: str, gpus: int) -> dict:
         load_config_from_file(path)
     except (ValueError, TypeError, KeyError) as e:
         raise PiconeoxError(f"{flag} is refused by accelerate: {first_line(e).replace(f'at {path} ', '')}") from None
+    fsdp = cfg.get("fsdp_config") or {}
+    if dist.upper() == "FSDP" and str(fsdp.get("fsdp_version", "")).strip() != "2":
+        given = f"fsdp_version: {fsdp['fsdp_version']}" if "fsdp_version" in fsdp else "no fsdp_version (accelerate " \
+            "then runs FSDP1)"
+        raise PiconeoxError(f"{flag} has distributed_type FSDP with {given}: piconeox shards with FSDP2 only; set "
+                            f"fsdp_version: 2 under fsdp_config, as {EXAMPLE} does")
     ids = cfg.get("gpu_ids")
     if ids is not None and str(ids).strip().lower() != "all":
         listed = [i for i in str(ids).split(",") if i.strip()]

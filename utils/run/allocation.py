@@ -46,12 +46,18 @@ class Allocation:
     binding: tuple[str, ...] = ("machines", "rank", "gpus")  # the fields a contradicting flag may not override
 
 
+HIGHEST = {"SLURM_JOB_ID": 2**32 - 1, "MASTER_PORT": 65535, "PET_MASTER_PORT": 65535}  # Slurm's job ids are 32-bit
+LOWEST = {"MASTER_PORT": 1, "PET_MASTER_PORT": 1}  # (a federation's are ten digits); port 0 is "any", no meeting point
+
+
 def _int(env: Mapping[str, str], name: str) -> int | None:
-    value = env.get(name, "")
+    """A whole number from the environment (None when unset or empty), or one line naming the variable."""
+    value = env.get(name, "").strip()
     if value == "":
         return None
-    if not re.fullmatch(r"\d{1,9}", value):
-        raise PiconeoxError(f"{name}={value!r} in the environment is not a whole number")
+    low, high = LOWEST.get(name, 0), HIGHEST.get(name, 999_999_999)
+    if not re.fullmatch(r"\d{1,19}", value) or not low <= int(value) <= high:
+        raise PiconeoxError(f"{name}={env[name]!r} in the environment is not a whole number from {low} to {high}")
     return int(value)
 
 
@@ -72,6 +78,9 @@ def slurm_gpus(env: Mapping[str, str]) -> int | None:
 
 def scontrol_first_address(nodelist: str) -> str:
     """The first node of a Slurm node list ('n[1-2]') and its NodeAddr, through `scontrol`."""
+    if not nodelist.strip():
+        raise PiconeoxError("SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are empty or unset in this Slurm job step: "
+                            "no first node to meet at; run inside the job's step (srun) or pass --main-process-ip")
     def run(*args: str) -> str:
         try:
             done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
@@ -82,7 +91,11 @@ def scontrol_first_address(nodelist: str) -> str:
                                 "pass --main-process-ip") from None
         return done.stdout
 
-    first = run("show", "hostnames", nodelist).split()[0]
+    names = run("show", "hostnames", nodelist).split()
+    if not names:
+        raise PiconeoxError(f"SLURM_JOB_NODELIST={nodelist!r} names no node (`scontrol show hostnames` printed "
+                            "nothing): pass --main-process-ip")
+    first = names[0]
     addr = re.search(r"\bNodeAddr=(\S+)", run("show", "node", "-o", first))
     return addr.group(1) if addr else first
 
@@ -104,23 +117,30 @@ def from_slurm(env: Mapping[str, str], first_address: Callable[[str], str] = sco
                             "node (`srun --ntasks-per-node=1`, as configs/slurm/train.sbatch does); it starts one "
                             "process per GPU itself")
     rank = _int(env, "SLURM_NODEID") or 0
+    if rank >= nodes:
+        raise PiconeoxError(f"SLURM_NODEID={rank} is out of range for a step of {nodes} node(s) (allowed "
+                            f"0..{nodes - 1})")
     ip = first_address(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")) if nodes > 1 else None
     port = PORT_BASE + (job or 0) % PORT_SPAN if nodes > 1 else None
     return Allocation("Slurm", nodes, rank, ip, port, slurm_gpus(env))
 
 
-def operator_address(env: Mapping[str, str]) -> str | None:
-    """The main machine's address a Kubernetes torch job names (PET_MASTER_ADDR, else MASTER_ADDR); None outside
-    one. Its DNS name may resolve only once that pod is up."""
-    return env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR") or None
+def operator_variable(env: Mapping[str, str]) -> str | None:
+    """The variable that names the main machine's address in a Kubernetes torch job (PET_MASTER_ADDR, else
+    MASTER_ADDR); None outside one. A DNS name there may resolve only once that pod is up."""
+    return next((name for name in ("PET_MASTER_ADDR", "MASTER_ADDR") if env.get(name)), None)
 
 
 def from_torch_operator(env: Mapping[str, str]) -> Allocation | None:
     """What a Kubernetes torch job's variables say; None when they are not set."""
-    addr = operator_address(env)
+    addr_name = operator_variable(env)
     count = _first(env, "PET_NNODES", "WORLD_SIZE")
-    if not addr or count is None:
+    if addr_name is None or count is None:
         return None
+    addr = env[addr_name]
+    if not addr.strip() or addr != addr.strip():
+        raise PiconeoxError(f"{addr_name}={addr!r} in the environment is no address (blank, or spaces around it): "
+                            "set machine 0's address, e.g. 10.0.0.1")
     name, machines = count
     rank = _first(env, "PET_NODE_RANK", "NODE_RANK", "RANK", "JOB_COMPLETION_INDEX")
     if machines < 1:
@@ -137,10 +157,21 @@ def from_torch_operator(env: Mapping[str, str]) -> Allocation | None:
                       binding=("machines", "rank", "ip", "port"))
 
 
+TORCH_GROUP_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "PET_MASTER_ADDR",
+                    "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK")
+
+
 def detect(env: Mapping[str, str], first_address: Callable[[str], str] = scontrol_first_address) -> Allocation | None:
-    """The scheduler's allocation, Slurm first (its users often export MASTER_ADDR themselves); None outside one."""
+    """The scheduler's allocation, Slurm first (its users often export MASTER_ADDR themselves); None outside one.
+    With both, one line says that Slurm's wins: start_training.sh then launches without the torch variables, which
+    a one-process launch would hand to train.py as a group to wait for."""
     if env.get("SLURM_JOB_ID"):
-        return from_slurm(env, first_address)
+        found = from_slurm(env, first_address)
+        if also := [name for name in TORCH_GROUP_VARS if env.get(name)]:
+            print(f"warning: Slurm job {env['SLURM_JOB_ID']} and {', '.join(also)} in the environment: the Slurm "
+                  f"allocation wins ({found.machines} machine(s)); the torch job variables are ignored",
+                  file=sys.stderr)
+        return found
     return from_torch_operator(env)
 
 

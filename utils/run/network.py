@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from utils.errors import PiconeoxError, cli
-from utils.run.allocation import operator_address
+from utils.run.allocation import operator_variable
 
 SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's (primary) IPv4 address
 
@@ -62,12 +62,12 @@ def _is_address(host: str) -> bool:
         return False
 
 
-def check_main_process_ip(host: str, dns_may_lag: bool = False) -> bool:
+def check_main_process_ip(host: str, dns_may_lag: bool = False, variable: str | None = None) -> bool:
     """Refuse, before the launch, a --main-process-ip no machine can dial: one with a port, a dotted quad that
     is no IPv4 address (999.1.1.1), a name that does not resolve here. With `dns_may_lag` (the name came from a
     scheduler's MASTER_ADDR: a Kubernetes service name resolves only once the master pod is up) an unresolved
     name is a warning, and False is returned; True when the name resolves or is an address."""
-    flag = f"--main-process-ip {host!r}"
+    flag = f"{variable}={host!r} in the environment" if variable else f"--main-process-ip {host!r}"
     if not host.strip():
         raise PiconeoxError(f"{flag} is empty: give machine 0's address, e.g. 10.0.0.1")
     name, colon, port = host.rpartition(":")
@@ -98,9 +98,10 @@ def check_gloo_ifname(value: str | None) -> None:
     if not value:  # unset or empty: gloo's default
         return
     names = {name for _, name in socket.if_nameindex()}
-    if missing := [n for n in value.split(",") if n.strip() not in names]:
+    if missing := [n for n in value.split(",") if n != n.strip() or n not in names]:
+        spaces = " (spaces around a name are part of it)" if missing[0] != missing[0].strip() else ""
         raise PiconeoxError(f"GLOO_SOCKET_IFNAME={value!r} names no network interface of this machine "
-                            f"({missing[0]!r}); it has {', '.join(sorted(names))}: "
+                            f"({missing[0]!r}{spaces}); it has {', '.join(sorted(names))}: "
                             "set one of those, or unset it (start_training.sh chooses one)")
 
 
@@ -132,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m utils.run.network MAIN_PROCESS_IP", file=sys.stderr)
         return 2
-    if not check_main_process_ip(argv[0], dns_may_lag=argv[0] == operator_address(os.environ)):
+    variable = operator_variable(os.environ)
+    from_operator = variable is not None and os.environ[variable] == argv[0]
+    if not check_main_process_ip(argv[0], dns_may_lag=from_operator, variable=variable if from_operator else None):
         return 0  # nothing to route to yet: gloo picks the interface once the name resolves
     if os.environ.get("GLOO_SOCKET_IFNAME"):  # the user's choice wins (checked by the preflight)
         return 0

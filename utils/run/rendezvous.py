@@ -49,13 +49,11 @@ def _exit(code: int, message: str, record: bool = True) -> None:
 
 
 _exiting = False
-_started = False  # train.py's `main` runs: a KeyboardInterrupt reaches its `cli`, which says it in one line
+_original: dict[int, object] = {}  # the handlers stop_before_start replaced
 
 
 def _before_start(signum: int, _frame) -> None:
     global _exiting
-    if _started:
-        raise KeyboardInterrupt
     if _exiting:  # a second signal while the first one's exit runs
         return
     _exiting = True
@@ -64,19 +62,22 @@ def _before_start(signum: int, _frame) -> None:
 
 
 def stop_before_start() -> None:
-    """A training process's first call: until the run's own handlers replace these, a stop signal ends it with 130
-    and one line (during the imports at once; once `main_started()`, as a KeyboardInterrupt that `cli` reports
-    after the run took back what it created). A signal ignored at start (SIGHUP under nohup) stays ignored."""
+    """A training process's first call: until `main_started()`, a stop signal ends it at once with 130 and one line.
+    A signal ignored at start (SIGHUP under nohup) stays ignored."""
     import utils.run.lifeline  # noqa: F401  (now: an import inside the handler could meet a half-imported module)
 
     for sig in STOPS:
         if signal.getsignal(sig) is not signal.SIG_IGN:
-            signal.signal(sig, _before_start)
+            _original[sig] = signal.signal(sig, _before_start)
 
 
 def main_started() -> None:
-    global _started
-    _started = True
+    """From here the usual handlers again: a Ctrl-C is a KeyboardInterrupt that `cli` reports after the run took back
+    what it created, and the run installs its own (utils/run/preemption.py) once it has something to save; until then
+    the supervisor holds a stop for a process that does not catch SIGTERM (utils/run/supervise.py)."""
+    for sig, handler in _original.items():
+        signal.signal(sig, handler)
+    _original.clear()
 
 
 class PeerWait:
