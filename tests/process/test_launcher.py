@@ -139,9 +139,9 @@ def test_the_default_sharding_follows_the_model_size_not_the_preset_name():
 def test_train_flags_map_in_order_and_extras_pass_verbatim():
     _, _, train = launched("--config", "test", "--gpus", "0", "--resume", "auto", "--max-steps", "5",
                            "--data", "gs://b/data/x", "--credentials", "k.json", "--no-background-upload", "--",
-                           "--compile", "off", "--x=a b")
+                           "--compile", "off", "--sample-prompt=a b")
     assert train == ["--config", "test", "--resume", "auto", "--max-steps", "5", "--data", "gs://b/data/x",
-                     "--credentials", "k.json", "--no-background-upload", "--compile", "off", "--x=a b"]
+                     "--credentials", "k.json", "--no-background-upload", "--compile", "off", "--sample-prompt=a b"]
 
 
 def test_multi_node_flags_pass_through_and_count_all_processes():
