@@ -15,6 +15,7 @@ from rp2040.bundle import runtime_files
 from rp2040.export import export
 from rp2040.runtime.tokenizer import StreamDecoder, Tokenizer
 from rp2040.serve import EmulatedPico
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 from tests.support.rp2040_models import wide_init
 from utils.data.tokenizers import build_tokenizer, save_tokenizer
@@ -41,12 +42,12 @@ def in_place_model(out: Path, seed: int) -> Path:
 
 def flash(model_dir: Path, port: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rp2040.flash", str(model_dir), "--mpy", "--prompt", PROMPT,
-                           "--port", port], capture_output=True, text=True, cwd=REPO, timeout=300)
+                           "--port", port], capture_output=True, text=True, cwd=REPO, timeout=bound(150))
 
 
 def mpremote(port: str, *args: str) -> str:
     r = subprocess.run([sys.executable, "-m", "mpremote", "connect", port, *args], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=bound(60))
     assert r.returncode == 0, r.stderr
     return r.stdout
 

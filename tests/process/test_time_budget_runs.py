@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 from tests.support.training import TINY
 from tests.support.waits import wait_for
@@ -23,7 +24,7 @@ def argv(tmp_path, data, *extra) -> list[str]:
 
 def test_a_budget_shorter_than_start_up_is_one_line_and_leaves_nothing(tmp_path, tiny_data):
     done = subprocess.run(argv(tmp_path, tiny_data, "--time-budget", "1"), capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
+                          timeout=bound(150), cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in done.stderr
@@ -50,17 +51,17 @@ def test_a_resumed_budgeted_run_ends_at_the_same_total_budget(tmp_path, tiny_dat
                              text=True, cwd=tmp_path)
     run_dir = tmp_path / "ckpt" / "run"
     wait_for("a complete checkpoint or the end",
-             lambda: first.poll() is not None or (run_dir.is_dir() and latest_complete(run_dir)), timeout=300)
+             lambda: first.poll() is not None or (run_dir.is_dir() and latest_complete(run_dir)), timeout=bound(150))
     assert first.poll() is None, first.communicate()[1][-2000:]  # still training: the budget is not spent yet
     first.send_signal(signal.SIGTERM)
-    _, err = first.communicate(timeout=300)
+    _, err = first.communicate(timeout=bound(150))
     assert first.returncode == 0, err[-2000:]
     stopped = latest_complete(run_dir)
     saved = json.loads((stopped / "budget.json").read_text())
     assert 0 < saved["spent_s"] < budget and 0 <= saved["progress"] < 1
 
     second = subprocess.run(argv(tmp_path, tiny_data, *common, "--resume", "auto"), capture_output=True, text=True,
-                            timeout=300, cwd=tmp_path)
+                            timeout=bound(150), cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-2000:]
     log = (tmp_path / "logs" / "run" / "training.log").read_text()
     assert "stopped at step" in log and "time budget of 1m 30s (90 s) reached" in log  # max_steps 10 was no limit
