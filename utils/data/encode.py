@@ -71,6 +71,9 @@ def _init_worker(tokenizer_json: str) -> None:
     # Ctrl-C reaches the whole process group: only the parent stops (and terminates the pool); a worker
     # interrupted mid-task would leave the pool waiting for a result that never comes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The pool ends its workers with SIGTERM: a handler the parent had (a training process's stop handlers) would
+    # run in the worker instead and print a traceback or speak for the run; the default just ends it.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the pool already uses the cores
     _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
 
