@@ -97,6 +97,8 @@ def stop_costs(procs: int, rounds: int) -> None:
                 name = "idle" if not busy else f"nice 10 beside {busy} busy loops"
                 marker = f"{c.marker_s:12.1f} {c.marker_cpu_s:6.2f}" if c.marker_s is not None else f"{'none':>19}"
                 print(f"{name:40} {c.code:4d} {marker} {c.exit_s:10.1f} {c.exit_cpu_s:6.2f}  {load:.1f}", flush=True)
+                print("    CPU s to the marker: " + ", ".join(f"{who.rsplit(' ', 1)[0]} {m:.2f}"
+                                                      for who, (m, _) in c.by_process.items()))
                 if c.code != 0:
                     print("    " + "\n    ".join(c.text.strip().splitlines()[-4:]))
 

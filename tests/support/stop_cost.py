@@ -61,12 +61,13 @@ def role(pid: int) -> str:
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds `pid` has used (None once it is gone)."""
+    """User + system CPU seconds `pid` and the children it has reaped (the preflight, its shell's checks) have used
+    (None once it is gone)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return sum(int(f) for f in fields[11:15]) / TICK
 
 
 def children_cpu() -> float:
