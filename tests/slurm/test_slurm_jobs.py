@@ -178,3 +178,54 @@ def test_a_node_killed_ends_the_other_and_the_job_fails(slurm, work):
     assert time.monotonic() - started < bound(45), outputs(work, job)
     wait_for(lambda: not job_processes(job), "every process of the job to end", timeout=bound(30))
     assert complete_steps(work, "killed")  # the checkpoints made before stay complete
+
+
+def half_written(work: Path, run: str) -> list[str]:
+    """The run's step folders (here and in the bucket) without their COMPLETE: a save in flight, or its wreck."""
+    return sorted(f"{where}/{p.name}" for where in ("checkpoints", "bucket")
+                  for p in (work / where / run).glob("step-*") if not (p / "COMPLETE").exists())
+
+
+def complete_anywhere(work: Path, run: str) -> list[int]:
+    """The steps complete here or in the bucket: what --resume auto may pick."""
+    return sorted({int(p.parent.name.removeprefix("step-")) for where in ("checkpoints", "bucket")
+                   for p in (work / where / run).glob("step-*/COMPLETE")})
+
+
+def test_a_node_killed_mid_save_is_requeued_and_resumes_from_the_last_complete_step(slurm, work):
+    """kill -9 of node 1's processes while a save is in flight (a step folder without its COMPLETE), the tree
+    frozen first so that the kill lands there: the job fails; requeued (as Slurm requeues a job whose node failed,
+    --requeue in the script), it resumes from the newest complete step, never the half-written one, and trains to
+    the end with every step folder complete."""
+    run = "requeued"
+    job = submit(slurm, work, run, "--max-steps", "30", "--save-every", "2", "--step-timeout-minutes", "0.5",
+                 "--resume", "auto")
+    wait_for(lambda: complete_steps(work, run) or slurm.job(job).get("JobState") not in ("PENDING", "RUNNING"),
+             "the first checkpoint")
+    end = time.monotonic() + JOB
+    while True:
+        assert time.monotonic() < end and slurm.job(job).get("JobState") == "RUNNING", outputs(work, job)
+        if half_written(work, run):
+            node1 = job_processes(job, node=1)
+            pause(node1)
+            if half_written(work, run):
+                break
+            carry_on(node1)
+        time.sleep(0.005)
+    in_flight = half_written(work, run)
+    for pid in node1:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert slurm.wait_state(job, {"FAILED"}, JOB) == "FAILED", outputs(work, job)
+    wait_for(lambda: not job_processes(job), "every process of the job to end", timeout=bound(30))
+    last, wrecks = complete_anywhere(work, run)[-1], half_written(work, run)
+    assert last < 30 and in_flight and wrecks, (last, in_flight, wrecks)
+
+    slurm.out(["scontrol", "requeue", str(job)])
+    finished(slurm, work, job)
+    log = outputs(work, job)
+    resumed = [int(line.split(" at step ")[1].split()[0]) for line in log.splitlines() if "resumed from " in line]
+    # the newest complete step, never a folder the kill left without its COMPLETE
+    assert resumed[:1] == [last] and all(f"step-{last:08d}" not in f for f in wrecks), (resumed, last, wrecks, log)
+    assert complete_steps(work, run)[-1] == 30 and not half_written(work, run), half_written(work, run)
+    assert "a training process failed" not in log and "Traceback" not in log, log
