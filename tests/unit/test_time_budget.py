@@ -185,3 +185,12 @@ def test_a_slurm_limit_is_the_budget_less_the_grace_or_the_signal_lead(caplog):
     assert for_run(0, 30, True, log, env=job, time_left=lambda env: None) is None  # UNLIMITED
     given = for_run(90, 30, True, log, env=job, time_left=lambda env: 600.0)
     assert given.seconds == 90 and not given.max_steps_too  # --time-budget wins
+
+
+def test_a_budget_json_holds_what_a_run_writes_or_is_refused():
+    from utils.ckpt.ranges import part_problem
+
+    assert part_problem("budget", {"spent_s": 12.5, "progress": 0.4}, 7) is None
+    assert "spent_s -1 is not a finite number of seconds" in part_problem("budget", {"spent_s": -1, "progress": 0}, 7)
+    assert "progress 2 is not a number in 0..1" in part_problem("budget", {"spent_s": 1, "progress": 2}, 7)
+    assert "progress True" in part_problem("budget", {"spent_s": 1, "progress": True}, 7)
