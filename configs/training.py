@@ -66,7 +66,8 @@ class TrainConfig(ConfigBase):
     """After the warmup: cosine (down to learning_rate * min_lr_ratio at max_steps) or wsd (warmup-stable-decay:
     the peak held, then a linear decay to the same floor over the last decay_fraction of the steps)."""
     decay_fraction: float = 0.2
-    """wsd only: the share of max_steps spent decaying, in (0, 1]."""
+    """wsd only: the share of max_steps (under a time budget, of the training time) spent decaying, in (0, 1]. A
+    share of max_steps that rounds to no decay step (or a warmup that takes every step) is refused in one line."""
     optimizer: str = "adamw"
     """adamw (every parameter), or muon: torch.optim.Muon (Nesterov momentum, Newton-Schulz orthogonalised steps)
     on the 2-D weights inside the layers (attention and MLP projections), fused AdamW (learning_rate, beta1/beta2)
