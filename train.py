@@ -241,7 +241,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
         **run_config["run"], "name": name, "data_dir": str(data_dir), "parameters": n_params,
         "world_size": accelerator.num_processes, "device": accelerator.device.type}}), accelerator.is_main_process)
     if budget:  # the last check: what start-up left of the budget
-        open_budget_window(budget, cfg, model, unwrapped, n_params, accelerator, log)
+        open_budget_window(budget, cfg, unwrapped, n_params, accelerator, log)
     claim.accept()  # every check passed: from here on the run's files stay
     if accelerator.is_main_process and s.resume == "auto" and not resume_from:
         keep_earlier_best(run_dir, log)
@@ -257,7 +257,7 @@ def setup(cfg, pretrained, cleanup: contextlib.ExitStack, auto_batch: bool = Fal
                report=report, budget=budget)
 
 
-def open_budget_window(budget: TimeBudget, cfg: RunConfig, model, unwrapped, n_params: int, accelerator, log):
+def open_budget_window(budget: TimeBudget, cfg: RunConfig, unwrapped, n_params: int, accelerator, log):
     """Estimate what follows the last step (an evaluation, with the EMA's a second; the sample; the save) from
     timed forward passes on every rank, then open the training window on rank 0's clock: one line on every rank
     when start-up left no time to train."""
@@ -266,7 +266,8 @@ def open_budget_window(budget: TimeBudget, cfg: RunConfig, model, unwrapped, n_p
 
     tc, s, device = cfg.train, cfg.run, accelerator.device
     evals = 2 if tc.ema_decay else 1  # the EMA's weights are evaluated too
-    eval_s = evals * tc.eval_batches * forward_seconds(model, tc.micro_batch_size, tc.seq_len, device)
+    # the uncompiled model: a compiled one would compile an eval graph here (its estimate errs long, not short)
+    eval_s = evals * tc.eval_batches * forward_seconds(unwrapped, tc.micro_batch_size, tc.seq_len, device)
     sample_len = len(s.sample_prompt) + s.sample_tokens // 2  # the sample's average context, at most a char a token
     budget.token_s = forward_seconds(unwrapped, 1, sample_len, device) if s.sample_tokens else 0.0
     sample_s = min(s.sample_tokens * budget.token_s, SAMPLE_SHARE * budget.seconds)  # the sample shrinks to fit
