@@ -273,7 +273,7 @@ def open_budget_window(budget: TimeBudget, cfg: RunConfig, unwrapped, n_params: 
     sample_s = min(s.sample_tokens * budget.token_s, SAMPLE_SHARE * budget.seconds)  # the sample shrinks to fit
     budget.plan_finish(eval_s=eval_s, sample_s=sample_s, save_s=n_params * 16 / 200e6)  # state at 200 MB/s
     rank0_decides(budget.start_training, accelerator.is_main_process)
-    log.info(f"{budget.source}: start-up took {budget.spent():.1f} s; training for "
+    log.info(f"{budget.source}: start-up took {budget.spent():.1f} s ({time.process_time():.1f} CPU s); training for "
              f"{budget.stop_at() - budget.clock():.1f} s, then about {budget.reserve:.1f} s for the final evaluation "
              f"({eval_s:.1f} s), sample ({sample_s:.1f} s) and save")
 
