@@ -4,7 +4,6 @@ that find their machines themselves, stop cleanly on scancel and resume from the
 Both nodes run on this host and share one working folder (data/, checkpoints/, logs/), as cluster nodes share NFS.
 """
 import contextlib
-import json
 import math
 import os
 import signal
@@ -15,41 +14,13 @@ import pytest
 
 from tests.support.bounds import bound
 from tests.support.chaos import carry_on, pause, training_argv
-from tests.support.paths import REPO
-
-SBATCH = REPO / "configs" / "slurm" / "train.sbatch"
-# A tiny model, a few steps: the scheduler's part is what these tests check
-TINY = ["--set", "model.num_layers=1", "--set", "model.hidden_size=32", "--set", "model.num_heads=4", "--set",
-        "model.intermediate_size=64", "--seq-len", "32", "--batch-size", "4", "--log-every", "1", "--warmup-steps",
-        "2", "--lr", "3e-3", "--eval-every", "1000", "--eval-batches", "1", "--keep-last", "100", "--dataset-percent",
-        "5", "--grace-seconds", "45"]  # below the test cluster's KillWait (60 s)
-JOB = bound(150)  # s: bounds that only catch a hang (a job here takes well under a minute on an idle 2-core box)
+from tests.support.slurm_jobs import JOB, complete_steps, finished, job_processes, losses, outputs, submit, wait_for
 
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
     """The shared working folder of this module's jobs (the demo data is prepared there once)."""
     return tmp_path_factory.mktemp("slurm-work")
-
-
-def submit(slurm, work: Path, run: str, *extra: str, nodes: int = 2, launcher: tuple = ()) -> int:
-    return slurm.sbatch([f"--nodes={nodes}", f"--chdir={work}", str(SBATCH), "--config", "test", "--gpus", "0",
-                         "--data", "demo", *launcher, "--", *TINY, "--run-name", run, "--checkpoint-bucket",
-                         str(work / "bucket"), *extra], cwd=REPO)
-
-
-def outputs(work: Path, job: int) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}" for p in sorted(work.glob(f"slurm-*-{job}*.out")))
-
-
-def complete_steps(work: Path, run: str) -> list[int]:
-    """The bucket's complete checkpoints of `run` (a step counts once its COMPLETE marker exists)."""
-    return sorted(int(p.parent.name.removeprefix("step-")) for p in (work / "bucket" / run).glob("step-*/COMPLETE"))
-
-
-def losses(work: Path, run: str) -> dict[int, float]:
-    rows = json.loads((work / "logs" / run / "history.json").read_text())
-    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
 def ranks_of(work: Path, run: str) -> list[int]:
@@ -68,23 +39,6 @@ def stop_arrived(pid: int) -> bool:
     waiting = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
     return not status["State"].startswith("T") or any(waiting >> (sig - 1) & 1 for sig in (signal.SIGTERM,
                                                                                              signal.SIGINT))
-
-
-def wait_for(condition, what: str, timeout: float = JOB):
-    end = time.monotonic() + timeout
-    while not (found := condition()):
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what} not within {timeout} s")
-        time.sleep(0.2)
-    return found
-
-
-def finished(slurm, work: Path, job: int, state: str = "COMPLETED") -> dict:
-    got = slurm.wait_state(job, {state}, JOB)
-    info = slurm.job(job)
-    assert got == state, f"job {job} {got} ({info.get('ExitCode')}), wanted {state}:\n{outputs(work, job)}"
-    assert "Traceback" not in outputs(work, job), outputs(work, job)
-    return info
 
 
 def test_two_nodes_train_stop_on_scancel_and_resume(slurm, work):
@@ -149,20 +103,6 @@ def test_contradicting_num_machines_refused_before_start(slurm, work):
     assert refused in errors and set(errors) <= {refused, cut_short} and errors.count(cut_short) <= 1, log
     assert "training process" not in log.replace(cut_short, "")  # nothing launched, so none failed
     assert not (work / "logs" / "bad").exists() and not (work / "bucket" / "bad").exists()
-
-
-def job_processes(job: int, node: int | None = None) -> list[int]:
-    """Pids of the job's step processes (the launcher and everything under it), by the environment Slurm gave them."""
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            env = dict(v.split("=", 1) for v in environ.read_bytes().decode(errors="replace").split("\0") if "=" in v)
-        except OSError:
-            continue
-        if env.get("SLURM_JOB_ID") == str(job) and "SLURM_STEP_ID" in env and env.get("SLURMD_NODENAME") and (
-                node is None or env.get("SLURM_NODEID") == str(node)):
-            found.append(int(environ.parent.name))
-    return found
 
 
 def test_a_node_killed_ends_the_other_and_the_job_fails(slurm, work):
