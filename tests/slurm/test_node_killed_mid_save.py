@@ -22,8 +22,14 @@ LINE = ("--max-steps", str(STEPS), "--save-every", "2", "--step-timeout-minutes"
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
-    """The shared working folder of this module's jobs (the demo data is prepared there once)."""
-    return tmp_path_factory.mktemp("slurm-midsave")
+    """The shared working folder of this module's jobs, with the demo data the jobs' `--data demo` finds there."""
+    from utils.data.prepare import prepare
+
+    work = tmp_path_factory.mktemp("slurm-midsave")
+    # here, on one worker: what this test is about starts after the data (and a job that prepares it with a pool
+    # of forked workers has been seen to stall in the pool on this box)
+    prepare(["demo"], name="demo-byte-p5", out_dir=work / "data", tokenizer="byte", workers=1, dataset_percent=5)
+    return work
 
 
 def in_flight(work: Path, run: str) -> list[Path]:
