@@ -37,6 +37,21 @@ def test_a_stop_ends_a_machine_waiting_for_machine_0_at_once(tmp_path, sig):
     assert "nothing was trained" in line and not list(tmp_path.glob("checkpoints/*/step-*"))
 
 
+def test_a_pod_deleted_while_it_waits_for_its_master_ends_at_once(tmp_path):
+    """A Kubernetes torch job's second pod (MASTER_ADDR, WORLD_SIZE, RANK), its master never up: SIGTERM, what a pod's
+    deletion sends, ends it (it was still there a minute later)."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0]), "WORLD_SIZE": "2", "RANK": "1"}
+    waiter = Waiter([str(REPO / "start_training.sh"), "--config", "test", "--gpus", "0", "--data", "demo"],
+                    cwd=tmp_path, env=env)
+    try:
+        waiter.wait_for_line(WAITING)
+        waiter.proc.send_signal(signal.SIGTERM)
+        code, _ = waiter.finish(timeout=30)
+    finally:
+        waiter.kill()
+    assert code == 130 and "interrupted while waiting for machine 0" in one_error_line(waiter.err), waiter.err
+
+
 def test_a_machine_waiting_for_machine_0_gives_up_after_the_bound(tmp_path):
     waiter = second_machine(tmp_path, free_ports(1)[0], "--rendezvous-timeout-seconds", "2")
     try:
