@@ -131,15 +131,22 @@ def _outcome(main: Callable[..., int | None], argv) -> int:
     except KeyboardInterrupt:  # recorded like any outcome: under the launcher too, 130 and one line
         return finish(INTERRUPTED, "error: interrupted")
     except RuntimeError as e:  # gloo's way of saying that another process of the group died: no bug of this one
-        if not (found := PEER_GONE.search(str(e))):
+        if not (gone := peer_gone(e)):
             raise
-        return finish(PEER_LOST, f"error: another process of the run is gone (gloo: {found.group(0)}); this one "
-                      "stops too, without a save: the last complete checkpoint stays, and --resume auto continues it")
+        return finish(PEER_LOST, f"error: {gone}; this one stops too, without a save: the last complete checkpoint "
+                      "stays, and --resume auto continues it")
 
 
 DONE, PEER_LOST, REFUSED, NOT_UPLOADED, INTERRUPTED = 0, 1, 2, 3, 130
 PEER_GONE = re.compile(r"Connection (?:closed|reset) by peer(?: \[[^\]]*\]:\d+)?|Broken pipe")
 STATUS_DIR_ENV = "PICONEOX_STATUS_DIR"
+
+
+def peer_gone(e: BaseException) -> str | None:
+    """'another process of the run is gone (gloo: ...)' when `e` is gloo's word that a peer died, else None: the
+    gist of gloo's paragraph (which also blames 'bugs in the application')."""
+    found = PEER_GONE.search(str(e)) if isinstance(e, RuntimeError) else None
+    return f"another process of the run is gone (gloo: {found.group(0)})" if found else None
 
 
 def record(code: int, message: str) -> bool:

@@ -32,7 +32,7 @@ from utils.ckpt.bucket.remote import check_upload_settings
 from utils.ckpt.save_request import SaveRequest, SaveResult
 from utils.ckpt.saver import StepSaver
 from utils.diskfull import NO_SPACE
-from utils.errors import PiconeoxError
+from utils.errors import PiconeoxError, peer_gone
 from utils.storage import Storage
 
 log = logging.getLogger("piconeox")
@@ -233,7 +233,7 @@ class CheckpointUploader:
         except (PiconeoxError, OSError) as e:
             result.error = f"write failed: {e}"
         except Exception as e:  # a bug must still reach poll(), not kill the thread and hang flush()
-            result.error = f"write failed: {type(e).__name__}: {e}"
+            result.error = f"write failed: {peer_gone(e) or f'{type(e).__name__}: {e}'}"
         result.seconds = time.monotonic() - start
         return result
 
