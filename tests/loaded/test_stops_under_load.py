@@ -199,5 +199,6 @@ def test_a_ctrl_c_to_the_launcher_before_the_ranks_train_ends_it(stops, moment, 
     assert code in (0, 130) and left == [], (code, left, text[-3000:])  # 0: a rank had trained, a clean stop
     assert "Traceback" not in text
     if code == 130:  # the script's line before any rank started, a rank's own once one had
-        assert text.strip().splitlines()[-1] in ("error: interrupted before the training processes started; "
-                                                 "nothing was trained", "error: interrupted"), text[-2000:]
+        last = text.strip().splitlines()[-1]  # the supervisor's, or a rank's own (in its imports, or after them)
+        assert last == "error: interrupted" or (last.startswith("error: interrupted") and
+                                                last.endswith("nothing was trained")), text[-2000:]
