@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from tests.support.hostile import Case
-from tests.support.hostile_checkpoints import copy_step, remark, tool
+from tests.support.hostile_checkpoints import copy_final, copy_step, remark, tool
 from tests.support.payloads import torch_bytes
 from utils.ckpt.format import DCP_INDEX
 
@@ -126,5 +126,36 @@ CASES = {  # id: (change to the step folder, loader, the line's words)
                              f"record {GROUP}.params lists the parameters ['lm_head.weight'] where the model's"),
 }
 
+DENSE = "gpt_neox.layers.0.attention.dense.weight"  # [32, 32] float32
+
+
+def hf_folder(change, loader: str):
+    """A from_pretrained folder (the run's final/ without its marker) whose weights `change(state)` edited: saved
+    back as model.safetensors, or as pytorch_model.bin when `change` returns "bin"."""
+    def build(work, outside, base):
+        from safetensors.torch import load_file, save_file
+
+        folder = copy_final(work, base)
+        state = load_file(folder / "model.safetensors")
+        if change(state) == "bin":
+            (folder / "model.safetensors").unlink()
+            torch.save(state, folder / "pytorch_model.bin")
+        else:
+            save_file(state, folder / "model.safetensors")
+        return tool(loader, folder, work, base)
+    return build
+
+
+HF_CASES = {  # id: (change to the weights, loader, the line's words)
+    "hf-int64-generate": (lambda w: w.update({DENSE: w[DENSE].to(torch.int64)}), "generate",
+                          f"model.safetensors: {DENSE} is a I64 tensor; model weights are floating point"),
+    "hf-shape-init-from": (lambda w: w.update({DENSE: w[DENSE][:, :16].contiguous()}), "init-from",
+                           f"config.json describes {DENSE} as [32, 32], the weights hold [32, 16]"),
+    "hf-bin-tuple-init-from": (lambda w: (w.update({DENSE: nested_tuples()[:3]}), "bin")[1], "init-from",
+                            f"pytorch_model.bin: {DENSE} holds a tuple; model weights are floating-point tensors"),
+}
+
 TYPED_CASES = [Case(f"typed-{key}", built(apply, loader), words, leftovers=("logs*", "ckpt/.locks*"))
-               for key, (apply, loader, words) in CASES.items()]
+               for key, (apply, loader, words) in CASES.items()] + \
+              [Case(f"typed-{key}", hf_folder(change, loader), words, leftovers=("logs*", "ckpt*"))
+               for key, (change, loader, words) in HF_CASES.items()]

@@ -109,16 +109,6 @@ def checked(folder: Path) -> Path:
     return Path(folder)
 
 
-def model_skeleton(config) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """{name: (shape, dtype)} of every weight of the model `config` describes, as a run writes it (float32):
-    built on the meta device, nothing allocated."""
-    from transformers import GPTNeoXForCausalLM
-
-    with torch.device("meta"):
-        model = GPTNeoXForCausalLM._from_config(config, dtype=torch.float32)
-    return {key: (tuple(t.shape), t.dtype) for key, t in model.state_dict().items()}
-
-
 def weights_problem(found: dict, like: dict) -> str | None:
     """Why `found` ({name: (shape, dtype)}, e.g. a DCP index's weights) are not the weights of `like`
     (model_skeleton's): the same names, shapes and dtypes. None when they are."""
@@ -137,7 +127,7 @@ def read_weights(folder: Path, part: str = "model") -> dict[str, torch.Tensor]:
     part holding weights instead (utils/ckpt/parts.py), e.g. "ema"."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from utils.ckpt.hf.hf_folder import checked_config
+    from utils.ckpt.hf.hf_folder import checked_config, model_skeleton
     from utils.ckpt.untrusted.safe_load import SafeFileSystemReader, load_dcp
 
     meta = SafeFileSystemReader(str(folder)).read_metadata().state_dict_metadata

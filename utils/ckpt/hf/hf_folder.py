@@ -21,6 +21,7 @@ LIMITS = {"num_hidden_layers": 1024, "hidden_size": 1 << 16, "num_attention_head
 CODE_KEYS = ("auto_map",)
 WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", ".metadata")
 LAYER = re.compile(r"^gpt_neox\.layers\.(\d+)\.")
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names: what model weights are, ours F32, Pythia's F16
 
 
 def gpt_neox_config(folder: Path, flag: str = ""):
@@ -68,7 +69,10 @@ def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
         state = weights_only_load(folder / "pytorch_model.bin", folder / "pytorch_model.bin", mmap=True)
         if not isinstance(state, dict):
             raise PiconeoxError(f"{folder}/pytorch_model.bin: holds a {type(state).__name__}, not a state dict")
-        return {k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}
+        if odd := next((k for k, v in state.items() if not is_weight(v)), None):
+            raise PiconeoxError(f"{folder}/pytorch_model.bin: {str(odd)[:100]} holds {kind_of(state[odd])}; model "
+                                "weights are floating-point tensors")
+        return {k: tuple(v.shape) for k, v in state.items()}
     index = folder / "model.safetensors.index.json"
     weight_map = read_json(index, max_bytes=SMALL_JSON_BYTES).get("weight_map") if index.is_file() else \
         {"": "model.safetensors"}
@@ -83,13 +87,39 @@ def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
         try:
             with safe_open(folder / name, "pt") as f:
                 shapes.update({key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})
+                if odd := next((k for k in f.keys() if f.get_slice(k).get_dtype() not in FLOAT_DTYPES), None):
+                    raise PiconeoxError(f"{folder / name}: {odd[:100]} is a {f.get_slice(odd).get_dtype()} tensor; "
+                                        "model weights are floating point")
         except SafetensorError as e:  # a file the index names that is not safetensors
             raise PiconeoxError(f"{folder / name}: not a safetensors file ({first_line(e, 200)})") from None
     return shapes
 
 
+def model_skeleton(config) -> dict:
+    """{name: (shape, dtype)} of every weight of the model `config` describes, as a run writes it (float32):
+    built on the meta device, nothing allocated."""
+    import torch
+    from transformers import GPTNeoXForCausalLM
+
+    with torch.device("meta"):
+        model = GPTNeoXForCausalLM._from_config(config, dtype=torch.float32)
+    return {key: (tuple(t.shape), t.dtype) for key, t in model.state_dict().items()}
+
+
+def is_weight(value) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.is_floating_point()
+
+
+def kind_of(value) -> str:
+    return f"a {value.dtype} tensor" if hasattr(value, "dtype") else f"a {type(value).__name__}"
+
+
 def check_weights(config, shapes: dict[str, tuple[int, ...]], folder: Path, flag: str = "") -> None:
-    """Refuse a config.json whose sizes are not those of the weights beside it, before anything is built."""
+    """Refuse a config.json whose sizes are not those of the weights beside it, before anything is built: every
+    weight the folder holds that the model has is of the model's shape (a model built on the meta device), and the
+    embedding and each layer's two large matrices are there."""
     hidden, layers = config.hidden_size, config.num_hidden_layers
     found = {int(m.group(1)) for key in shapes if (m := LAYER.match(key))}
     if found != set(range(layers)):
@@ -99,6 +129,7 @@ def check_weights(config, shapes: dict[str, tuple[int, ...]], folder: Path, flag
     for i in range(layers):
         expect[f"gpt_neox.layers.{i}.attention.query_key_value.weight"] = (3 * hidden, hidden)
         expect[f"gpt_neox.layers.{i}.mlp.dense_h_to_4h.weight"] = (config.intermediate_size, hidden)
+    expect.update({key: shape for key, (shape, _) in model_skeleton(config).items() if key in shapes})
     for key, shape in expect.items():
         if shapes.get(key) != shape:
             raise PiconeoxError(f"{flag}{folder}: config.json describes {key} as {list(shape)}, the weights hold "
