@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.support.bounds import bound
 from tests.support.paths import REPO
 
 STOP = r"""
@@ -31,7 +32,7 @@ print("not ended by the grace", file=sys.stderr)
 
 def grace_runs_out(saved: str, busy: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", STOP, saved, busy], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
+                          timeout=bound(60))
 
 
 def test_a_grace_that_runs_out_after_the_save_keeps_the_runs_exit_code():
