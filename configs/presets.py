@@ -59,6 +59,10 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
     # pico-best's recipe at half the steps: 2 shared cores train 4.5x the parameters in about the same time.
     "pico-large": _T(tokenizer="bpe", tokenizer_vocab=896, seq_len=64, micro_batch_size=64, max_steps=1500,
                      learning_rate=1e-2, warmup_steps=100, eval_every=250, save_every=500, weight_decay=0.0),
+    # pico-large's recipe at half its lr (5x the parameters); the TinyStories sample is ~443K tokens, far short
+    # of what a million parameters want, so longer runs only overfit it (docs/pico.md).
+    "pico-million": _T(tokenizer="bpe", tokenizer_vocab=896, seq_len=64, micro_batch_size=64, max_steps=1500,
+                       learning_rate=5e-3, warmup_steps=100, eval_every=250, save_every=500, weight_decay=0.0),
     "test": _T(tokenizer="byte", seq_len=128, micro_batch_size=8, max_steps=200, learning_rate=2e-3,
                warmup_steps=20, eval_every=50, eval_batches=10, save_every=100),
     "small": _T(tokenizer="bpe", tokenizer_vocab=896, seq_len=256, micro_batch_size=8, max_steps=5000,

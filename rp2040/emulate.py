@@ -270,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
           f"prompt ({len(run.prompt_ids)} tokens) {run.prompt_us / 1000:.0f} ms")
     predicted = config["ram"].get("free_after_load_bytes")
     where = ("weights read in place from raw flash" if in_place(args.model_dir) else
-             "layers streamed from flash" if run.stream else "weights in RAM")
+             "weights read in place from littlefs blocks" if model_config(args.model_dir)["runtime"].get("blocks")
+             else "layers streamed from flash" if run.stream else "weights in RAM")
     print(f"heap: {run.heap_loaded:,} bytes free after load ({where}; "
           f"the exporter predicted {predicted:,}), {run.heap_min:,} minimum during generation (GC heap {HEAP_BYTES:,})")
     print(f"ids equal the host's: {'yes' if same else 'NO'}")

@@ -22,7 +22,7 @@ def flash_bytes_per_token(model_dir: Path, config: dict) -> int:
     from rp2040.runtime.modelfile import HEADER_SIZE, Header, Layout
 
     runtime = config["runtime"]
-    if not (runtime.get("xip") or runtime["stream"]):
+    if not (runtime.get("xip") or runtime.get("blocks") or runtime["stream"]):
         return 0
     with open(Path(model_dir) / "model.bin", "rb") as f:
         h = Header(f.read(HEADER_SIZE))

@@ -16,6 +16,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from rp2040 import blockfile
 from rp2040.bundle import MODEL_FILES
 from rp2040.model_bin import Shape, encode_model
 from rp2040.runtime import modelfile as mf
@@ -95,9 +96,11 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
     if in_place_always and not xip:
         raise PiconeoxError(f"--in-place: {src.name} cannot be read in place (int8 with every matrix in 4-row "
                             f"blocks, model.bin at most {RAW_BYTES:,} bytes)")
-    if xip:
+    # Too large for the gap: read in place from model.blk's littlefs blocks instead (rp2040/blockfile.py).
+    blocks = blockfile.spec(model_bin) if stream and not xip else None
+    if xip or blocks:
         stream, streamed = False, ram_estimate(model_bin, vocab_bin, False, xip=True)
-    estimate = streamed if stream or xip else in_ram
+    estimate = streamed if stream or xip or blocks else in_ram
     if estimate > min(budget, BOARD_HEAP_FREE_BYTES) and not force:
         raise PiconeoxError(f"{src.name} as {dtype} needs about {estimate // 1024} KB of heap "
                             f"(even streaming layers from flash), over the {ram_budget_kb} KB budget or the "
@@ -114,7 +117,7 @@ def export(checkpoint: Path, out: Path, dtype: str = "int8", ram_budget_kb: int 
         "ram": {"estimate_bytes": estimate, "in_ram_bytes": in_ram, "streamed_bytes": streamed,
                 "budget_bytes": budget, "board_heap_free_bytes": BOARD_HEAP_FREE_BYTES,
                 "free_after_load_bytes": BOARD_HEAP_FREE_BYTES - estimate, "min_free_bytes": min_free_kb * 1024},
-        "runtime": {"stream": stream, **({"xip": xip} if xip else {})},
+        "runtime": {"stream": stream, **({"xip": xip} if xip else {}), **({"blocks": blocks} if blocks else {})},
         "generation": GENERATION_DEFAULTS,
     }
     with one_line_when_full(Path(out).absolute().parent, f"exported model {Path(out).name}",
@@ -137,6 +140,8 @@ def is_export(folder: Path) -> bool:
 def where(runtime: dict) -> str:
     if runtime.get("xip"):
         return "weights read in place from raw flash"
+    if runtime.get("blocks"):
+        return "weights read in place from model.blk's littlefs blocks"
     return "streaming layers from flash" if runtime["stream"] else "all weights in RAM"
 
 

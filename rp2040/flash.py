@@ -24,6 +24,7 @@ from pathlib import Path
 from rp2040.bundle import DEVICE_MODEL_DIR, DEVICE_PACKAGE, check_model, compile_runtime, model_files, runtime_files
 from rp2040.prompt import check_prompt, model_config
 from utils.atomic import atomic_write
+from rp2040.blockfile import block_file
 from rp2040.runtime.xip import RAW_END, RAW_OFFSET
 from rp2040.uf2 import FLASH_SIZE
 from utils.errors import CliParser, PiconeoxError, cli
@@ -169,6 +170,11 @@ def board_files(model_dir: Path, mpy: bool, build_dir: Path, prompt: str | None)
     config = model_config(model_dir)  # a config.json the board could not parse: named here
     if prompt is not None:
         check_prompt(config, prompt)
+    if config.get("runtime", {}).get("blocks"):  # model.bin laid out over littlefs's blocks (rp2040/blockfile.py)
+        model = files.pop(f"{DEVICE_MODEL_DIR}/model.bin")
+        with atomic_write(build_dir / "model.blk", "wb") as f:
+            f.write(block_file(model.read_bytes()))
+        files = {f"{DEVICE_MODEL_DIR}/model.blk": build_dir / "model.blk", **files}
     runtime = runtime_files()
     files = {**files, **(compile_runtime(runtime, build_dir, march="armv6m") if mpy else runtime)}
     files["/main.py"] = files.pop("/main.py")

@@ -107,7 +107,7 @@ class Model:
         if xip:  # P into RAM, the weights addressed where they are (bytes q + 128 of interleaved matrices)
             self.p_base = 0
             read_into(f, lay.p_offset, self.params, 4 * lay.n_params)
-            self.weights = f.mv[lay.w_offset:lay.w_offset + lay.n_weights]
+            self.weights = f.mv[lay.w_offset:lay.w_offset + lay.n_weights] if hasattr(f, "mv") else None
         elif stream:
             self.p_base = lay.final_ln_w  # `params` holds P from the final norm on
             read_into(f, lay.p_offset + 4 * self.p_base, self.params, 4 * (lay.n_params - self.p_base))
@@ -227,14 +227,18 @@ class IntGPT(Model):
         pf = lay.final_ln_w - self.p_base
         IK.layernorm(h1, x, d, prm, pf, pf + d, prm[self.c_off + fx.C_FINAL_S], self.eps, self.norm_bits)
         s = IK.quantize(self.xq, 0, h1, 0, d, ld)
-        shift = prm[self.c_off + fx.C_HEAD_S] - s
+        self._head(prm[self.c_off + fx.C_HEAD_S] - s)
+        return self.logits
+
+    def _head(self, shift):
+        """logits = the head's rows times xq (the final norm's output, quantized), with `shift`."""
+        h, lay, d = self.h, self.lay, self.h.hidden
         logits = memoryview(self.logits)
         mv = IK.matvec4 if h.interleaved(h.vocab, d) else IK.matvec
         for r0 in range(0, h.vocab, self.chunk):  # one chunk unless streaming
             rows = min(self.chunk, h.vocab - r0)
             w, w0, _, _ = self._fetch(lay.w_head + r0 * d, rows * d, 0, 0)
-            mv(logits[r0:r0 + rows], w, w0, self.xq, rows, d, prm, lay.s_head - self.p_base + r0, shift, -1)
-        return self.logits
+            mv(logits[r0:r0 + rows], w, w0, self.xq, rows, d, self.params, lay.s_head - self.p_base + r0, shift, -1)
 
 
 class FloatGPT(Model):
