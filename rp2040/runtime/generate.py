@@ -25,18 +25,20 @@ def load(model_dir, stream=None):
     """(GPT, Tokenizer, config) for a model directory; `stream` defaults to the exporter's choice."""
     with open(model_dir + "/config.json") as f:
         config = json.load(f)
+    blocks = config["runtime"].get("blocks")  # on the board: model.blk's littlefs blocks (lfsblocks.py)
+    if blocks and not has_file(model_dir + "/model.bin"):
+        from .lfsblocks import open_blocks  # imported before the tokenizer's arrays: less fragmentation
+    else:
+        blocks = None
     tok = Tokenizer(model_dir + "/vocab.bin")
     gc.collect()
+    if blocks:
+        return open_blocks(model_dir + "/model.blk", blocks), tok, config
     if stream is None:
         stream = config["runtime"]["stream"]
     xip = config["runtime"].get("xip")  # on the board: model.bin is in raw flash, not a file (xip.py)
     if xip and has_file(model_dir + "/model.bin"):  # the host, which has the file
         xip = None
-    blocks = config["runtime"].get("blocks")  # on the board: model.blk's littlefs blocks (lfsblocks.py)
-    if blocks and not has_file(model_dir + "/model.bin"):
-        from .lfsblocks import open_blocks
-
-        return open_blocks(model_dir + "/model.blk", blocks), tok, config
     model = GPT(model_dir + "/model.bin", stream=stream, xip=xip)
     return model, tok, config
 
