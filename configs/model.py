@@ -226,13 +226,14 @@ four 20-dim heads, a 2.8x FFN. Its ~207 KB of int8 weights do not fit the Pico's
 layers and the head stream from flash each token; the asm_thumb kernels keep it above 10 tok/s (docs/pico.md)."""
 
 PICO_MILLION = ModelConfig(
-    vocab_size=1024, hidden_size=192, num_layers=2, num_heads=8, intermediate_size=640,
+    vocab_size=1024, hidden_size=160, num_layers=2, num_heads=8, intermediate_size=960,
     max_position_embeddings=64, rotary_pct=1.0, tie_word_embeddings=True,
 )
-"""~988K params: pico-large's depth, vocab and context at 2.4x its width (eight 24-dim heads, a 3.3x FFN). Two
-layers because the int16 KV cache and section P stay in RAM: three layers of 160 need ~212 KB of the 203 KB a
-Pico has free, these ~179 KB. Its ~983 KB of int8 weights fit neither the heap nor the 308 KB raw gap before
-littlefs, so rp2040.export refuses it without --force today (docs/pico.md, "A million parameters")."""
+"""988,160 params (983,040 in its matrices): pico-large's depth, vocab, context and 20-dim heads at twice its width
+and a 6x FFN. Its 983 KB of int8 weights fit neither the heap nor the raw gap before littlefs, so the board reads
+them in place from model.blk's littlefs blocks (rp2040/blockfile.py). Two layers and a wide FFN because the int16
+KV cache (it grows with width x layers) and section P stay in the heap: three layers of 160 need ~212 KB of the
+203 KB a Pico has free; and a 4-row group of fc_out (4 x 960 bytes) still fits one 4 KiB littlefs block."""
 
 TEST = ModelConfig(
     hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512, max_position_embeddings=256,
