@@ -456,7 +456,8 @@ def finish(run: Run, reason: str) -> int:
     def sample_text():  # a preempted run has no time for a sample; otherwise it overlaps the upload flush
         if not preempted and tokens:
             model = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
-            sample.append(log_sample(model, run.tokenizer, run.cfg.run.sample_prompt, tokens, tc.seed, log, deadline))
+            sample.append(log_sample(model, run.tokenizer, run.cfg.run.sample_prompt, tokens, tc.seed, log, deadline,
+                                     None if run.accelerator.is_fsdp2 else lambda: stop.requested))
 
     stop.doing = lambda: f"saving step {state.step} ({run.ckpt.phase or 'copying its state'})"
     code = run.ckpt.finish(state.step, consolidate=not preempted, timeout=stop.remaining, meanwhile=sample_text)

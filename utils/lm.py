@@ -87,10 +87,10 @@ def forward_seconds(model, batch: int, length: int, device) -> float:
 
 
 def sample_text(model, tokenizer, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
-                top_k: int | None = 40, seed: int = 0, deadline: float | None = None) -> str:
-    """Prompt plus `max_new_tokens` sampled tokens, fewer when time.monotonic() passes `deadline` (only where no
-    forward is a collective: each rank may stop at another token); the context is cropped to the model's
-    positions."""
+                top_k: int | None = 40, seed: int = 0, deadline: float | None = None, stop=None) -> str:
+    """Prompt plus `max_new_tokens` sampled tokens, fewer when time.monotonic() passes `deadline` or `stop()` says so
+    (only where no forward is a collective: each rank may stop at another token); the context is cropped to the
+    model's positions."""
     import time
 
     device = next(model.parameters()).device
@@ -101,7 +101,7 @@ def sample_text(model, tokenizer, prompt: str, max_new_tokens: int = 200, temper
     ctx = model.config.max_position_embeddings
     gen = torch.Generator(device="cpu").manual_seed(seed)
     for _ in range(max_new_tokens):
-        if deadline is not None and time.monotonic() >= deadline:
+        if (deadline is not None and time.monotonic() >= deadline) or (stop is not None and stop()):
             break
         logits = model(input_ids=x[:, -ctx:]).logits[0, -1].float().cpu()
         if temperature <= 0:

@@ -7,16 +7,20 @@ import sys
 from pathlib import Path
 
 
-def log_sample(model, tokenizer, prompt: str, tokens: int, seed: int, log, deadline: float | None = None) -> str:
+def log_sample(model, tokenizer, prompt: str, tokens: int, seed: int, log, deadline: float | None = None,
+               stop=None) -> str:
     """Every rank samples: under FSDP each forward all-gathers the shards, so rank 0 alone would hang.
 
     The same seed and the same gathered weights give every rank the same `tokens` forwards; rank 0 logs.
-    `deadline` (time.monotonic()) ends the sample sooner: never under FSDP, where the ranks must agree.
+    `deadline` (time.monotonic()) or `stop()` (a Ctrl-C) ends the sample sooner: never under FSDP, where the ranks
+    must agree.
     """
     from utils.lm import sample_text
 
     text = readable_sample(sample_text(model, tokenizer, prompt, max_new_tokens=tokens, temperature=0.8, top_k=40,
-                                       seed=seed, deadline=deadline), tokenizer.eos_token)
+                                       seed=seed, deadline=deadline, stop=stop), tokenizer.eos_token)
+    if stop is not None and stop():
+        log.info("the sample was cut short by a stop signal; the run's checkpoints are saved")
     log.info("sample:\n" + text)
     return text
 
