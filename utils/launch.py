@@ -79,14 +79,13 @@ def wait_for_machines(args):
     where = f"{args.main_process_ip}:{args.main_process_port}"
     what = (f"machine 0 at {where} (this is machine {args.machine_rank} of {args.num_machines})" if args.machine_rank
             else f"the other {args.num_machines - 1} machine(s) at {where} (this is machine 0)")
-    print(f"start_training.sh: waiting for {what}, at most {timeout:g} s (--rendezvous-timeout-seconds); Ctrl-C "
-          "stops waiting", file=sys.stderr, flush=True)
     conf["timeout"] = str(int(timeout) + 60)  # torchrun's own bound a minute later: ours says it in one line
     args.rdzv_conf = ",".join(f"{k}={v}" for k, v in conf.items())
     fix = "start it with the same --main-process-ip and --main-process-port" if args.machine_rank else \
         "start them with --main-process-ip and --main-process-port of this machine"
     return PeerWait(what, timeout, fix, waiting=lambda: not children_of(os.getpid()), own_handlers=False,
-                    record=False)
+                    record=False, announce=f"start_training.sh: waiting for {what}, at most {timeout:g} s "
+                    "(--rendezvous-timeout-seconds); Ctrl-C stops waiting")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,13 +64,12 @@ def make_accelerator(mixed_precision: str, cuda: bool, timeout_minutes: float,
     from utils.sharding import use_hsdp
 
     check_timeout(timeout_minutes)
-    if notice := check_launch_env(timeout=rendezvous_seconds):
-        print(notice, file=sys.stderr, flush=True)
+    notice = check_launch_env(timeout=rendezvous_seconds)  # said once a stop signal can end the wait
     check_gloo_ifname(os.environ.get("GLOO_SOCKET_IFNAME"))
     if mixed_precision == "fp16" and not cuda:
         raise PiconeoxError("--mixed-precision fp16 needs a CUDA GPU; on CPU use bf16 or no")
     plugin = fsdp_plugin(mixed_precision)
-    with PeerWait(group_address(), rendezvous_seconds):
+    with PeerWait(group_address(), rendezvous_seconds, announce=notice or ""):
         accelerator = Accelerator(mixed_precision=mixed_precision, cpu=not cuda, fsdp_plugin=plugin,
                                   kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=timeout_minutes))])
     launched = int(os.environ.get("WORLD_SIZE", "1"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -89,8 +90,8 @@ class PeerWait:
     the line goes to stderr, not to the launcher's own outcome folder."""
 
     def __init__(self, what: str, timeout: float, fix: str = "", waiting=lambda: True, own_handlers: bool = True,
-                 record: bool = True):
-        self.what, self.timeout, self.fix, self.waiting = what, timeout, fix, waiting
+                 record: bool = True, announce: str = ""):
+        self.what, self.timeout, self.fix, self.waiting, self.announce = what, timeout, fix, waiting, announce
         self.own_handlers, self.record = own_handlers, record
         self._done = threading.Event()
 
@@ -106,6 +107,8 @@ class PeerWait:
         self._thread = signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
         self._thread = threading.Thread(target=self._watch, name="peer-wait", daemon=True)
         self._thread.start()
+        if self.announce:  # once a stop signal ends the wait: a test (or a user) may act on the line at once
+            print(self.announce, file=sys.stderr, flush=True)
         return self
 
     def __exit__(self, *exc) -> None:
