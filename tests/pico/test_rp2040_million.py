@@ -17,6 +17,7 @@ from rp2040.flash import board_files
 from rp2040.runtime.lfsblocks import LFS_BLOCK, plan, pointers
 from rp2040.runtime.modelfile import HEADER_SIZE, Header, Layout
 from rp2040.serve import EmulatedPico
+from tests.support.bounds import bound
 from tests.support.rp2040_models import save_checkpoint
 
 PROMPT = "Once"
@@ -55,7 +56,7 @@ def test_a_board_holding_another_models_blocks_is_refused_in_one_line(tmp_path):
     files = {**board_files(b, True, tmp_path, PROMPT), "/model/model.blk": tmp_path / "mixed" / "model.blk"}
     with EmulatedPico(files=files) as pico:
         r = subprocess.run([sys.executable, "-m", "mpremote", "connect", pico.url, "exec", "import main"],
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=bound(150))
     assert r.returncode == 0, r.stderr
     boot = r.stdout.replace("\r", "")
     blocks = json.loads((b / "config.json").read_text())["runtime"]["blocks"]["blocks"] - first
