@@ -27,7 +27,8 @@ def test_a_learning_rate_a_resume_would_refuse_is_refused_at_the_start(key):
 
 @pytest.mark.usefixtures("fresh_accelerate_state", "one_thread")
 def test_a_run_at_the_top_of_the_range_resumes_from_its_own_checkpoint(tmp_path, tiny_data):
-    lr = ("--set", f"train.muon_lr={MAX_LR:g}", "--lr", f"{MAX_LR:g}")
+    lr = ("--set", f"train.muon_lr={MAX_LR:g}", "--lr", f"{MAX_LR:g}",
+          "--warmup-steps", "1", "--set", "train.decay_fraction=0.5")  # a 2-step wsd run that decays
     code, _, run_dir = run(tmp_path, tiny_data, "--max-steps", "2", "--save-every", "2", *MUON, *lr)
     assert code == 0
     scheduler = json.loads((run_dir / "step-00000002" / "scheduler.json").read_text())
