@@ -101,6 +101,23 @@ def requantize(r0, r1, r2, r3):
 
 
 @micropython.viper
+def requantize_viper(out: ptr32, n_out: int, p: ptr32, m_off: int, shift: int, b_off: int):  # noqa: F821
+    # requantize's arithmetic for any shift, in viper: the fallback for shifts outside asm_thumb's 0..46
+    for o in range(n_out):
+        acc = out[o]
+        m = p[m_off + o]
+        hi = acc >> 15
+        lo = (acc & 32767) * m
+        if shift >= 15:
+            y = (hi * m + (lo >> 15)) >> (shift - 15)
+        else:
+            y = ((hi * m) << (15 - shift)) + (lo << (0 - shift))
+        if b_off >= 0:
+            y += p[b_off + o]
+        out[o] = y
+
+
+@micropython.viper
 def matvec(out: ptr32, w: ptr8, w_off: int, xq: ptr32, n_out: int, n_in: int, p: ptr32, m_off: int,  # noqa: F821
            shift: int, b_off: int):
     pw = uint(w) + w_off
@@ -137,18 +154,7 @@ def matvec(out: ptr32, w: ptr8, w_off: int, xq: ptr32, n_out: int, n_in: int, p:
             code = ((15 - shift) << 10) | (shift << 5)
         requantize(out, int(uint(p)) + 4 * m_off, bias, (n_out << 16) | code)
         return
-    for o in range(n_out):  # shifts beyond those fields (negative, or above 46) in viper
-        acc = out[o]
-        m = p[m_off + o]
-        hi = acc >> 15
-        lo = (acc & 32767) * m
-        if shift >= 15:
-            y = (hi * m + (lo >> 15)) >> (shift - 15)
-        else:
-            y = ((hi * m) << (15 - shift)) + (lo << (0 - shift))
-        if b_off >= 0:
-            y += p[b_off + o]
-        out[o] = y
+    requantize_viper(out, n_out, p, m_off, shift, b_off)  # shifts beyond those fields (negative, or above 46)
 
 
 @micropython.viper
@@ -164,15 +170,4 @@ def matvec4(out: ptr32, w: ptr8, w_off: int, xq: ptr32, n_out: int, n_in: int, p
     asm_matvec4(out, uint(w) + w_off, xq, JOB)
     if shift >= 0 and shift <= 46:
         return
-    for o in range(n_out):  # the asm left the sums
-        acc = out[o]
-        m = p[m_off + o]
-        hi = acc >> 15
-        lo = (acc & 32767) * m
-        if shift >= 15:
-            y = (hi * m + (lo >> 15)) >> (shift - 15)
-        else:
-            y = ((hi * m) << (15 - shift)) + (lo << (0 - shift))
-        if b_off >= 0:
-            y += p[b_off + o]
-        out[o] = y
+    requantize_viper(out, n_out, p, m_off, shift, b_off)  # the asm left the sums
