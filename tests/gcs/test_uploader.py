@@ -1,32 +1,19 @@
 """The checkpoint uploader against real GCS servers on 127.0.0.1, with real snapshots of a real model: the marker
 last, no overwrite, rotation, synchronous mode and bad settings. A server that dies is test_uploader_dead_server.py.
 """
-import logging
 
 import pytest
 
 from tests.support.bounds import bound
 from tests.support.training import run
-from tests.support.uploads import Trainer, latest_loads
+from tests.support.uploads import latest_loads
 from utils.ckpt.bucket.remote import remote_steps
 from utils.ckpt.format import MARKER, check_complete, read_marker, step_dir_name, step_folders
 from utils.ckpt.uploader import CheckpointUploader, SaveRequest
 from utils.errors import PiconeoxError
 from utils.storage import open_storage
 
-pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
-
-
-@pytest.fixture(autouse=True)
-def logs_reach_caplog(monkeypatch, caplog):
-    """train.py's setup_logging stops "piconeox" records at its own handlers; let caplog see them here."""
-    monkeypatch.setattr(logging.getLogger("piconeox"), "propagate", True)
-    caplog.set_level(logging.INFO, logger="piconeox")
-
-
-@pytest.fixture
-def trainer(tiny_data, tmp_path) -> Trainer:
-    return Trainer(tiny_data, tmp_path / "logs")
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state", "logs_reach_caplog")
 
 
 def test_background_upload_marker_last_and_bytes_equal(trainer, tmp_path, fake_gcs):

@@ -4,7 +4,6 @@ and then ends the run, a close at a deadline cancels instead of waiting.
 A server that dies (and comes back) is gcp-storage-emulator on a fixed port with its objects on disk:
 stopping it closes the port, restarting it on the same port serves the same objects.
 """
-import logging
 import socket
 import threading
 import time
@@ -13,27 +12,15 @@ from pathlib import Path
 import pytest
 
 from tests.support.bounds import bound
-from tests.support.uploads import Trainer, latest_loads
+from tests.support.uploads import latest_loads
 from utils.ckpt.bucket.remote import remote_steps
 from utils.ckpt.format import check_complete, step_dir_name
 from utils.ckpt.uploader import CheckpointUploader, SaveRequest
 from utils.storage import Storage, open_storage
 
-pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state", "logs_reach_caplog")
 
 TIMEOUT_S = 2.0  # per storage call, retries included: a dead server fails an upload in ~2 s
-
-
-@pytest.fixture(autouse=True)
-def logs_reach_caplog(monkeypatch, caplog):
-    """train.py's setup_logging stops "piconeox" records at its own handlers; let caplog see them here."""
-    monkeypatch.setattr(logging.getLogger("piconeox"), "propagate", True)
-    caplog.set_level(logging.INFO, logger="piconeox")
-
-
-@pytest.fixture
-def trainer(tiny_data, tmp_path) -> Trainer:
-    return Trainer(tiny_data, tmp_path / "logs")
 
 
 class RestartableEmulator:
