@@ -22,12 +22,6 @@ pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
 STEP = "step-00000010"
 
 
-@pytest.fixture
-def work(tmp_path, trained):
-    shutil.copytree(trained / "ckpt", tmp_path / "ckpt")
-    return tmp_path
-
-
 # auto_map: a folder naming its own code is refused before transformers could ask to run it
 
 def test_a_folder_with_auto_map_is_refused_and_nothing_asks(work, tiny_data):

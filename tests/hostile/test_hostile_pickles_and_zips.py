@@ -7,7 +7,6 @@ Every case runs in a forked child (`bounded`, tests/support/hostile_loads.py) un
 import io
 import json
 import pickle
-import shutil
 import zipfile
 
 import pytest
@@ -22,12 +21,6 @@ from utils.ckpt.format import DCP_INDEX
 pytestmark = pytest.mark.usefixtures("one_thread", "fresh_accelerate_state")
 
 STEP = "step-00000010"
-
-
-@pytest.fixture
-def work(tmp_path, trained):
-    shutil.copytree(trained / "ckpt", tmp_path / "ckpt")
-    return tmp_path
 
 
 # hash bombs: every pickle is bounded before an unpickler sees it; small states are JSON
