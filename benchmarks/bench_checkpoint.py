@@ -27,18 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from configs.model import ModelConfig, build_model  # noqa: E402
+from configs.model import ModelConfig  # noqa: E402
+from tests.support.uploads import Trainer  # noqa: E402
 from utils.ckpt.format import latest_complete, step_dir_name  # noqa: E402
-from utils.ckpt.parts import Registry, TrainerState, training_parts  # noqa: E402
-from utils.ckpt.state import Snapshot  # noqa: E402
 from utils.ckpt.uploader import CheckpointUploader, SaveRequest  # noqa: E402
-from utils.data.loader import BlockLoader  # noqa: E402
 from utils.data.prepare import prepare  # noqa: E402
-from utils.data.tokenizers import load_tokenizer  # noqa: E402
 from utils.errors import CliParser, at_least, cli  # noqa: E402
-from utils.lm import lm_loss  # noqa: E402
-from utils.optim import build_optimizer, build_scheduler  # noqa: E402
-from utils.report.metrics import MetricsWriter  # noqa: E402
 from utils.storage import open_storage  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()  # save_pretrained's shard bar
@@ -46,37 +40,18 @@ transformers.utils.logging.disable_progress_bar()  # save_pretrained's shard bar
 SEQ, BATCH = 128, 8
 
 
-class Run:
-    """A real model, optimizer and loader; step() trains once, snapshot() captures like train.py's save()."""
+class Run(Trainer):
+    """A ~10M-parameter model, its optimizer and loader; step() trains once and returns its seconds."""
 
     def __init__(self, data: Path, log_dir: Path):
-        torch.manual_seed(0)
-        self.cfg = ModelConfig(hidden_size=320, num_layers=8, num_heads=5, intermediate_size=1280,
-                               max_position_embeddings=SEQ, vocab_size=256)
-        self.model = build_model(self.cfg)
-        self.optimizer = build_optimizer(self.model, 1e-3, 0.1, (0.9, 0.95))
-        self.scheduler = build_scheduler(self.optimizer, 10, 10_000, 0.1)
-        self.loader = BlockLoader(data, "train", SEQ, BATCH, seed=0)
-        self.tokenizer = load_tokenizer(data)
-        self.metrics = MetricsWriter(log_dir, True)
-        self.state = TrainerState()
-        parts = training_parts(scheduler=self.scheduler, scaler=None, loader=self.loader, trainer=self.state,
-                               metrics=self.metrics)
-        self.registry = Registry(self.model, self.optimizer, parts, run_config={"model": self.cfg.to_dict()},
-                                 tokenizer=self.tokenizer)
+        super().__init__(data, log_dir, ModelConfig(hidden_size=320, num_layers=8, num_heads=5, intermediate_size=1280,
+                                                    max_position_embeddings=SEQ, vocab_size=256),
+                         lr=1e-3, warmup=10, total=10_000, batch=BATCH, seed=0)
 
     def step(self) -> float:
         start = time.perf_counter()
-        x, y = next(self.loader)
-        lm_loss(self.model, x, y).backward()
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.state.step += 1
+        super().step()
         return time.perf_counter() - start
-
-    def snapshot(self) -> Snapshot:
-        return self.registry.capture(self.state.step)
 
 
 def open_bucket(kind: str, tmp: Path):

@@ -17,17 +17,22 @@ from utils.report.metrics import MetricsWriter
 from utils.storage import Storage
 
 
-class Trainer:
-    """A tiny GPT-NeoX really training on the demo corpus; `snapshot()` captures it like train.py does."""
+TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64, max_position_embeddings=32,
+                   vocab_size=256)
 
-    def __init__(self, data_dir: Path, log_dir: Path):
+
+class Trainer:
+    """A GPT-NeoX (tiny by default) really training on the demo corpus; `snapshot()` captures it like train.py does."""
+
+    def __init__(self, data_dir: Path, log_dir: Path, cfg: ModelConfig = TINY, *, lr: float = 3e-3,
+                 warmup: int = 2, total: int = 100, batch: int = 4, seed: int = 1):
+        """`cfg` the model (its max_position_embeddings the sequence length), AdamW at `lr` with `warmup` steps of
+        `total`, `batch` sequences a step from the loader seeded with `seed`; torch's seed 0 for the weights."""
         torch.manual_seed(0)
-        cfg = ModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64, max_position_embeddings=32,
-                          vocab_size=256)
         self.model = build_model(cfg)
-        self.optimizer = build_optimizer(self.model, 3e-3, 0.1, (0.9, 0.95))
-        self.scheduler = build_scheduler(self.optimizer, 2, 100, 0.1)
-        self.loader = BlockLoader(data_dir, "train", 32, 4, seed=1)
+        self.optimizer = build_optimizer(self.model, lr, 0.1, (0.9, 0.95))
+        self.scheduler = build_scheduler(self.optimizer, warmup, total, 0.1)
+        self.loader = BlockLoader(data_dir, "train", cfg.max_position_embeddings, batch, seed=seed)
         self.tokenizer = load_tokenizer(data_dir)
         self.metrics = MetricsWriter(log_dir, True)
         self.state = TrainerState()
