@@ -21,15 +21,21 @@ ROUNDS = 2  # each stop is tried this many times on the loaded box: several, and
 
 
 @contextlib.contextmanager
-def both_cores_loaded():
-    """One `yes` per core (at the default priority) for the duration; killed and reaped after."""
-    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(os.cpu_count() or 2)]
+def busy_loops(count: int, own_sessions: bool = False):
+    """`count` `yes` processes spinning at the default priority for the duration (each in a session, an autogroup,
+    of its own where `own_sessions`); killed and reaped after."""
+    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL, start_new_session=own_sessions) for _ in range(count)]
     try:
         yield
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
+
+
+def both_cores_loaded():
+    """One `yes` per core (at the default priority, in this session) for the duration; killed and reaped after."""
+    return busy_loops(os.cpu_count() or 2)
 
 
 def start(work: Path, data: Path, procs: int, *extra: str) -> subprocess.Popen:

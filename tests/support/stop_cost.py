@@ -14,25 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.chaos import training_argv, tree
-from tests.support.loaded import STARTED, kill_leftovers, output, training, wait_for
+from tests.support.loaded import STARTED, busy_loops, kill_leftovers, output, training, wait_for
 from tests.support.paths import REPO
 from utils.ckpt.format import MARKER, step_dir_name
 
 BUSY_LOOPS = 4  # beside them a run at nice 10 gets ~5% of a core on two cores
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-@contextlib.contextmanager
-def busy_loops(count: int = BUSY_LOOPS):
-    """`count` processes spinning at the default priority for the duration, each in a session (an autogroup) of its
-    own; killed and reaped after."""
-    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL, start_new_session=True) for _ in range(count)]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
 
 
 def nice_everywhere(family: list[tuple[int, int]], nice: int = 10) -> None:
@@ -123,7 +110,7 @@ def sigterm_all(work: Path, proc: subprocess.Popen, busy: int, children_before: 
     (children_cpu() before the run started; None: not measured, as when other runs end meanwhile)."""
     family = tree(proc.pid)
     nice_everywhere(family)
-    with busy_loops(busy):
+    with busy_loops(busy, own_sessions=True):
         used = {pid: cpu_seconds(pid) or 0.0 for pid, _ in family}
         before_signal, names, marked = dict(used), {pid: role(pid) for pid, _ in family}, {}
         at_signal, t0 = sum(used.values()), time.monotonic()
