@@ -7,8 +7,6 @@ tiny (char vocabulary, hidden 8, one layer) and generate 4 tokens; one booted bo
 import hashlib
 import json
 import re
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -19,15 +17,12 @@ from rp2040 import emulate
 from rp2040.bundle import compile_runtime, runtime_files
 from rp2040.export import export
 from rp2040.flash import BOARD_SCRIPT, STAGE
-from rp2040.runtime.tokenizer import StreamDecoder, Tokenizer
 from rp2040.serve import EmulatedPico
-from tests.support.bounds import bound
 from tests.support.paths import REPO
+from tests.support.pico_boards import PROMPT, TOKENS, expected_text, flash, mpremote
 from tests.support.rp2040_models import wide_init
 from utils.data.tokenizers import build_tokenizer, save_tokenizer
 
-PROMPT = "Once upon a time"
-TOKENS = 4
 pytestmark = pytest.mark.skipif(emulate.unavailable() is not None, reason=str(emulate.unavailable()))
 
 
@@ -54,26 +49,6 @@ def models(tmp_path_factory):
 def pico():
     with EmulatedPico() as board:
         yield board
-
-
-def flash(model_dir: Path, port: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rp2040.flash", str(model_dir), "--mpy", "--prompt", PROMPT,
-                           "--port", port, *extra], capture_output=True, text=True, cwd=REPO, timeout=bound(150))
-
-
-def mpremote(port: str, *args: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "mpremote", "connect", port, *args], capture_output=True, text=True,
-                       timeout=bound(60))
-    assert r.returncode == 0, r.stderr
-    return r.stdout
-
-
-def expected_text(model_dir: Path) -> str:
-    """What main.py prints for PROMPT: the prompt, then the text of the reference's token ids."""
-    tok = Tokenizer(str(model_dir / "vocab.bin"))
-    ids = emulate.host_ids(model_dir, tok.encode(PROMPT), TOKENS)
-    dec = StreamDecoder(tok)
-    return PROMPT + "".join(dec.feed(t) for t in ids if t != tok.eos)
 
 
 def board_tree(port: str) -> dict[str, int]:

@@ -3,8 +3,6 @@ Pico (real MicroPython firmware in rp2040js, rp2040.serve): model.bin goes into 
 checked there by sha256, and the board generates the reference's ids from it; a board whose raw region holds
 another model's weights, or none, is refused in one line, never run."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,15 +11,11 @@ from configs.model import ModelConfig, build_model
 from rp2040 import emulate
 from rp2040.bundle import runtime_files
 from rp2040.export import export
-from rp2040.runtime.tokenizer import StreamDecoder, Tokenizer
 from rp2040.serve import EmulatedPico
-from tests.support.bounds import bound
-from tests.support.paths import REPO
+from tests.support.pico_boards import PROMPT, TOKENS, expected_text, flash, mpremote
 from tests.support.rp2040_models import wide_init
 from utils.data.tokenizers import build_tokenizer, save_tokenizer
 
-PROMPT = "Once upon a time"
-TOKENS = 4
 pytestmark = pytest.mark.skipif(emulate.unavailable() is not None, reason=str(emulate.unavailable()))
 
 
@@ -38,25 +32,6 @@ def in_place_model(out: Path, seed: int) -> Path:
     config["generation"].update(max_new_tokens=TOKENS, top_k=5)
     (out / "model" / "config.json").write_text(json.dumps(config))
     return out / "model"
-
-
-def flash(model_dir: Path, port: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rp2040.flash", str(model_dir), "--mpy", "--prompt", PROMPT,
-                           "--port", port], capture_output=True, text=True, cwd=REPO, timeout=bound(150))
-
-
-def mpremote(port: str, *args: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "mpremote", "connect", port, *args], capture_output=True, text=True,
-                       timeout=bound(60))
-    assert r.returncode == 0, r.stderr
-    return r.stdout
-
-
-def expected_text(model_dir: Path) -> str:
-    tok = Tokenizer(str(model_dir / "vocab.bin"))
-    ids = emulate.host_ids(model_dir, tok.encode(PROMPT), TOKENS)
-    dec = StreamDecoder(tok)
-    return PROMPT + "".join(dec.feed(t) for t in ids if t != tok.eos)
 
 
 def test_in_place_weights_are_flashed_raw_run_and_a_foreign_region_is_refused(tmp_path):
