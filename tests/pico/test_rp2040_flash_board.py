@@ -110,7 +110,7 @@ def test_a_reset_mid_copy_keeps_the_old_model_and_the_next_flash_replaces_it(pic
 
     r = flash(models[1], pico.url)
     assert r.returncode == 0, r.stderr
-    assert "copy 2 files (" in r.stdout and "keep 16 unchanged" in r.stdout  # vocab.bin and the runtime stay
+    assert "copy 2 files (" in r.stdout and "keep 17 unchanged" in r.stdout  # vocab.bin and the runtime stay
     assert generated(r.stdout).replace("\r", "") == expected_text(models[1]) != expected_text(models[0])
     tree = board_tree(pico.url)
     assert not [p for p in tree if p.startswith("/.piconeox")]
@@ -126,7 +126,7 @@ def test_a_board_without_room_is_refused_before_anything_is_copied(models, tmp_p
     with EmulatedPico(files={"/filler.bin": filler}) as small:
         r = flash(models[0], small.url)
         assert r.returncode == 2
-        assert re.fullmatch(r"error: 18 files need [\d,]+ bytes of flash but the board has [\d,]+ \(free [\d,]+ \+ "
+        assert re.fullmatch(r"error: 19 files need [\d,]+ bytes of flash but the board has [\d,]+ \(free [\d,]+ \+ "
                             r"the current install 0; largest file: kernels_native.mpy, [\d,]+ bytes\); use --mpy "
                             r"or a smaller model, or delete files on it\n", r.stderr), r.stderr
         assert board_tree(small.url) == {"/filler.bin": filler.stat().st_size}
