@@ -139,9 +139,11 @@ def read_weights(folder: Path, part: str = "model") -> dict[str, torch.Tensor]:
     entries = weights(part)
     if not entries:
         raise PiconeoxError(f"{folder}: the checkpoint holds no {part} weights")
-    found = {key: (tuple(m.size), m.properties.dtype) for key, m in entries.items()}
-    if why := weights_problem(found, model_skeleton(checked_config(folder))):  # what a run writes there
-        raise PiconeoxError(f"{folder}/{DCP_INDEX}: its {part} weights are not the model's: {why}")
+    claimed = sum(math.prod(m.size) * m.properties.dtype.itemsize for m in entries.values())  # exact: no wrap
+    held = sum(p.stat().st_size for p in Path(folder).glob("*.distcp"))
+    if claimed > held:  # the index alone must not make us allocate: its sizes must be in the files
+        raise PiconeoxError(f"{folder}/{DCP_INDEX}: its {part} weights hold {claimed:,} bytes, but the folder's "
+                            f".distcp files only {held:,}")
     if part != "model":  # the part's weights stand in for the model's: the same names, shapes and dtypes
         model = {key: (tuple(m.size), m.properties.dtype) for key, m in weights("model").items()}
         if odd := next((k for k in sorted(model.keys() | entries.keys()) if model.get(k) !=
@@ -149,11 +151,9 @@ def read_weights(folder: Path, part: str = "model") -> dict[str, torch.Tensor]:
             held = (list(entries[odd].size), entries[odd].properties.dtype) if odd in entries else "nothing"
             raise PiconeoxError(f"{folder}/{DCP_INDEX}: its {part} weights hold {held} for {odd[:100]!r}, the model "
                                 f"{list(model[odd]) if odd in model else 'nothing'}")
-    claimed = sum(math.prod(m.size) * m.properties.dtype.itemsize for m in entries.values())  # exact: no wrap
-    held = sum(p.stat().st_size for p in Path(folder).glob("*.distcp"))
-    if claimed > held:  # the index alone must not make us allocate: its sizes must be in the files
-        raise PiconeoxError(f"{folder}/{DCP_INDEX}: its {part} weights hold {claimed:,} bytes, but the folder's "
-                            f".distcp files only {held:,}")
+    found = {key: (tuple(m.size), m.properties.dtype) for key, m in entries.items()}
+    if why := weights_problem(found, model_skeleton(checked_config(folder))):  # what a run writes there
+        raise PiconeoxError(f"{folder}/{DCP_INDEX}: its {part} weights are not the model's: {why}")
     state = {part: {key: torch.empty(m.size, dtype=m.properties.dtype) for key, m in entries.items()}}
     load_dcp(state, folder, no_dist=True)
     return state[part]
