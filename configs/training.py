@@ -148,7 +148,7 @@ class TrainConfig(ConfigBase):
 
     def validate(self) -> "TrainConfig":
         """Raise PiconeoxError (one line) for a bad value; return self."""
-        from utils.optim import MAX_LR  # the range a resume obeys: a run must resume from its own checkpoints
+        from utils.lr_range import MAX_LR  # the range a resume obeys; torch-free, as the preflight validates too
 
         self.check_ints(("seq_len", "micro_batch_size", "grad_accum_steps", "max_steps", "eval_every", "eval_batches",
                          "save_every", "keep_last", "log_every"), 1)

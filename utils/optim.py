@@ -11,11 +11,8 @@ from collections.abc import Callable
 import torch
 
 from utils.errors import PiconeoxError
+from utils.lr_range import MAX_LR  # noqa: F401  (re-exported; torch-free for the preflight)
 
-# No optimizer of this repo trains above it (1e308 made the next checkpoint non-finite). One range for both ends: a
-# run's settings are checked against it (configs/training.py), and so is every learning rate its resume reads
-# (utils/ckpt/ranges.py): a run must never write a checkpoint its own resume refuses.
-MAX_LR = 10.0
 
 STATE_BYTES_PER_PARAMETER = {"adamw": 8, "muon": 4}
 """fp32 state per parameter: AdamW's exp_avg and exp_avg_sq; Muon's momentum_buffer (its matrices only)."""

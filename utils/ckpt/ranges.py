@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from utils.optim import MAX_LR  # the range a run's settings are checked against too
+from utils.lr_range import MAX_LR  # the range a run's settings are checked against too
 MAX_TOKENS_PER_STEP = 1 << 40
 
 
