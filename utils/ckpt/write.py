@@ -46,12 +46,26 @@ def write_shards(snap: Snapshot, folder: Path, group=None) -> list[str]:
         raise_if_full(e, folder.parent, what, needed)
         if isinstance(e, CheckpointException):
             first = next(iter(e.failures.values()), (e,))[0]
+            if interrupted(first):  # a second Ctrl-C during the stop's save (on the main thread) ends the run at
+                raise KeyboardInterrupt from None  # once (130), not just this save
             raise PiconeoxError(f"{type(first).__name__}: {first}") from None
         raise
     names = sorted(p.name for p in folder.glob(f"__{snap.rank}_*.distcp")) + [rng_name(snap.rank)]
     if snap.is_writer_of_common_files:
         names += [DCP_INDEX] + write_common(snap, folder)
     return names
+
+
+def interrupted(e: BaseException | None) -> bool:
+    """Whether `e` is a KeyboardInterrupt or came from one: DCP wraps every BaseException in its own, and torch's zip
+    writer, cut short by it, raises a RuntimeError ("unexpected pos") whose context it is."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def state_bytes(state: dict) -> int:
