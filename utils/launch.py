@@ -43,6 +43,9 @@ def failed_code(exc: BaseException) -> int:
     raise exc
 
 
+_peer_waits: list = []  # the launcher's PeerWait for other machines, once made (its `interrupt` knows if it waits)
+
+
 def pass_on_stops(status: Path) -> None:
     """SIGTERM/SIGINT/SIGHUP to the launcher reach the training processes as a clean stop (SIGTERM; a Ctrl-C after
     an earlier signal as SIGINT: the second Ctrl-C); once they have all ended the launcher just finishes, and before
@@ -59,6 +62,8 @@ def pass_on_stops(status: Path) -> None:
             except ProcessLookupError:
                 pass
         if not workers and not errors.outcomes(status):
+            for wait in _peer_waits:  # the line printed says a stop ends the wait: it does, with the wait's line
+                wait.interrupt()
             raise KeyboardInterrupt
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -83,9 +88,11 @@ def wait_for_machines(args):
     args.rdzv_conf = ",".join(f"{k}={v}" for k, v in conf.items())
     fix = "start it with the same --main-process-ip and --main-process-port" if args.machine_rank else \
         "start them with --main-process-ip and --main-process-port of this machine"
-    return PeerWait(what, timeout, fix, waiting=lambda: not children_of(os.getpid()), own_handlers=False,
+    wait = PeerWait(what, timeout, fix, waiting=lambda: not children_of(os.getpid()), own_handlers=False,
                     record=False, announce=f"start_training.sh: waiting for {what}, at most {timeout:g} s "
                     "(--rendezvous-timeout-seconds); Ctrl-C stops waiting")
+    _peer_waits.append(wait)  # the launcher's stop handler runs in the main thread, maybe before the wait's thread
+    return wait
 
 
 def main(argv: list[str] | None = None) -> int:

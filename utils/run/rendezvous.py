@@ -94,6 +94,8 @@ class PeerWait:
         self.what, self.timeout, self.fix, self.waiting, self.announce = what, timeout, fix, waiting, announce
         self.own_handlers, self.record = own_handlers, record
         self._done = threading.Event()
+        self._active = False  # from before the announce to __exit__: a stop signal then ends the wait (`interrupt`)
+        self._ending = threading.Lock()  # one of the thread and `interrupt` says the line and exits
 
     def __enter__(self) -> PeerWait:
         self._read, write = socket.socketpair()
@@ -104,14 +106,15 @@ class PeerWait:
                           and signal.getsignal(s) is not signal.SIG_IGN}  # the C handler wakes the thread
         self._previous_fd = -1 if not main else signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
         self._main = main
-        self._thread = signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
         self._thread = threading.Thread(target=self._watch, name="peer-wait", daemon=True)
         self._thread.start()
+        self._active = True
         if self.announce:  # once a stop signal ends the wait: a test (or a user) may act on the line at once
             print(self.announce, file=sys.stderr, flush=True)
         return self
 
     def __exit__(self, *exc) -> None:
+        self._active = False
         self._done.set()
         if self._main:
             signal.set_wakeup_fd(self._previous_fd)
@@ -131,9 +134,22 @@ class PeerWait:
             if select.select([self._read], [], [], 0.2)[0]:
                 stops = [s for s in self._read.recv(64) if s in STOPS]
                 if stops and not self._done.is_set() and self.waiting():
-                    _exit(INTERRUPTED, f"error: interrupted while waiting for {self.what}; {NOTHING_TRAINED}",
-                          self.record)
+                    self._end(INTERRUPTED, f"error: interrupted while waiting for {self.what}; {NOTHING_TRAINED}")
             if time.monotonic() >= deadline and not self._done.is_set() and self.waiting():
-                _exit(REFUSED, f"error: waited {self.timeout:g} s for {self.what} in vain"
-                      f"{'; ' + self.fix if self.fix else ''} (--rendezvous-timeout-seconds sets the bound); "
-                      f"{NOTHING_TRAINED}", self.record)
+                self._end(REFUSED, f"error: waited {self.timeout:g} s for {self.what} in vain"
+                          f"{'; ' + self.fix if self.fix else ''} (--rendezvous-timeout-seconds sets the bound); "
+                          f"{NOTHING_TRAINED}")
+
+    def _end(self, code: int, message: str) -> None:
+        if self._ending.acquire(blocking=False):
+            _exit(code, message, self.record)
+        threading.Event().wait()  # the other one exits the process
+
+    def interrupt(self) -> None:
+        """For a launcher's own stop handler (`own_handlers=False`; it runs in the main thread, possibly before the
+        thread reads the signal): during the wait, end the process with the wait's line; else return."""
+        if self._active and not self._done.is_set() and self.waiting():
+            if self._ending.acquire(blocking=False):
+                _exit(INTERRUPTED, f"error: interrupted while waiting for {self.what}; {NOTHING_TRAINED}",
+                      self.record)
+            threading.Event().wait()  # the thread says its line and exits the process
