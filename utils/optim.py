@@ -12,6 +12,7 @@ import torch
 
 from utils.errors import PiconeoxError
 from utils.lr_range import MAX_LR  # noqa: F401  (re-exported; torch-free for the preflight)
+from utils.muon import BatchedMuon
 
 
 STATE_BYTES_PER_PARAMETER = {"adamw": 8, "muon": 4}
@@ -37,10 +38,10 @@ def muon_matrices(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
-    """torch.optim.Muon on `muon_matrices`, fused AdamW on every other parameter, as ONE torch optimizer: one
-    state dict (Muon's `momentum_buffer`, AdamW's `exp_avg`/`exp_avg_sq`/`step`, keyed by parameter), so the
-    checkpoint's optimizer part saves and resumes both, and one LambdaLR scales both lrs. AdamW's groups come
-    first (the lr a run reports is learning_rate's), Muon's last, with `muon: True`."""
+    """Muon (`utils/muon.BatchedMuon`: torch.optim.Muon's math and state, batched by shape) on `muon_matrices`,
+    fused AdamW on every other parameter, as ONE torch optimizer: one state dict (Muon's `momentum_buffer`,
+    AdamW's `exp_avg`/`exp_avg_sq`/`step`, keyed by parameter), so the checkpoint's optimizer part saves and
+    resumes both, and one LambdaLR scales both lrs. AdamW's groups come first (the lr a run reports is learning_rate's), Muon's last, with `muon: True`."""
 
     def __init__(self, model, lr: float, weight_decay: float, betas: tuple[float, float], muon_lr: float,
                  muon_momentum: float):
@@ -50,8 +51,8 @@ class MuonWithAdamW(torch.optim.Optimizer):
                 for g in param_groups(model, weight_decay)]
         # "match_rms_adamw" scales each matrix's step to AdamW's typical update size (0.2 sqrt(max dim)), so
         # muon_lr reads like an AdamW lr and carries across widths (Moonshot's Muon paper).
-        self._muon = torch.optim.Muon(matrices, lr=muon_lr, weight_decay=weight_decay, momentum=muon_momentum,
-                                      adjust_lr_fn="match_rms_adamw")
+        self._muon = BatchedMuon(matrices, lr=muon_lr, weight_decay=weight_decay, momentum=muon_momentum,
+                                 adjust_lr_fn="match_rms_adamw")
         self._adamw = torch.optim.AdamW([g for g in rest if g["params"]], lr=lr, betas=betas, fused=True)
         for g in self._muon.param_groups:
             g["muon"] = True

@@ -9,6 +9,7 @@ from tests.support.training import run
 from utils.ckpt.format import step_dir_name
 from utils.ckpt.load import read_weights
 from utils.ckpt.parts import dcp_keys
+from utils.muon import BatchedMuon
 from utils.optim import MuonWithAdamW, muon_matrices, warmup_stable_decay
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
@@ -25,6 +26,33 @@ def test_muon_takes_the_layers_matrices_and_adamw_the_rest():
     groups = [(g["muon"], {names[id(p)] for p in g["params"]}) for g in opt.param_groups]
     assert set().union(*(n for m, n in groups if m)) == taken
     assert set().union(*(n for _, n in groups)) == set(names.values())  # every parameter, once
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_batched_muon_steps_exactly_as_torchs_muon(nesterov):
+    """Batching the Newton-Schulz iteration by shape changes no bit of the update, nor the state's keys, so a
+    checkpoint written before it resumes the same (the preset's 4 layers: two shapes, 16 matrices)."""
+    import copy
+
+    torch.manual_seed(0)
+    ours = build_model(MODEL_PRESETS["shakespeare-char-budget"].with_vocab(66))
+    theirs = copy.deepcopy(ours)
+    kwargs = dict(lr=0.01, weight_decay=0.1, momentum=0.95, nesterov=nesterov, adjust_lr_fn="match_rms_adamw")
+    pairs = [(ours, BatchedMuon(muon_matrices(ours), **kwargs)),
+             (theirs, torch.optim.Muon(muon_matrices(theirs), **kwargs))]
+    assert len({p.shape for p in muon_matrices(ours)}) == 2
+    x = torch.randint(0, 66, (4, 32))
+    for _ in range(3):
+        for model, opt in pairs:
+            opt.zero_grad()
+            model(input_ids=x, labels=x).loss.backward()
+            opt.step()
+    for a, b in zip(ours.parameters(), theirs.parameters()):
+        assert torch.equal(a, b)
+    states = [opt.state_dict()["state"] for _, opt in pairs]
+    assert states[0].keys() == states[1].keys()
+    for key in states[0]:
+        assert torch.equal(states[0][key]["momentum_buffer"], states[1][key]["momentum_buffer"])
 
 
 def test_wsd_holds_the_peak_then_decays_linearly_to_the_floor():
