@@ -2,6 +2,9 @@
 # Builds, prints and runs the `accelerate launch` line for train.py: CPU, one GPU, many GPUs or many
 # machines, with no interactive `accelerate config`. See usage() below.
 set -euo pipefail
+# A --time-budget counts from here: the preflight and the launcher are part of what the user waits for.
+PICONEOX_LAUNCHED_AT=$(date +%s.%N)
+export PICONEOX_LAUNCHED_AT
 
 usage() {
   cat <<'EOF'

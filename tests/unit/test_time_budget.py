@@ -187,6 +187,25 @@ def test_a_slurm_limit_is_the_budget_less_the_grace_or_the_signal_lead(caplog):
     assert given.seconds == 90 and not given.max_steps_too  # --time-budget wins
 
 
+def test_the_budget_counts_from_the_launchers_start(caplog):
+    """start_training.sh exports its start time: its preflight and the launch are inside the budget. A value that
+    is not a time before this process (garbage, the future, days ago) leaves the process's own start."""
+    import logging
+    import time
+
+    log = logging.getLogger("budget-test")
+    with caplog.at_level(logging.INFO, logger="budget-test"):
+        launched = for_run(60, 30, True, log, env={"PICONEOX_LAUNCHED_AT": f"{time.time() - 25:.3f}"})
+    assert launched.spent() == pytest.approx(25, abs=2)
+    assert "counted from start_training.sh's start (25." in caplog.text
+    caplog.clear()
+    for bad in ("soon", "nan", f"{time.time() + 50:.3f}", f"{time.time() - 3 * 86400:.3f}", ""):
+        with caplog.at_level(logging.INFO, logger="budget-test"):
+            own = for_run(60, 30, True, log, env={"PICONEOX_LAUNCHED_AT": bad})
+        assert own.spent() < 20, bad  # this test process's age, not the bad value's
+        assert "counted from this process's start" in caplog.text
+
+
 def test_a_budget_json_holds_what_a_run_writes_or_is_refused():
     from utils.ckpt.ranges import part_problem
 

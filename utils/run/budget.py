@@ -1,5 +1,5 @@
-"""A run's time budget: the wall-clock seconds from the process's start to its end, start-up, evals and the final
-save included. The learning-rate schedule reads `progress`, the share of the training window done (0..1), so its
+"""A run's time budget: the wall-clock seconds from the run's start (start_training.sh's, else this process's) to
+its end, start-up, evals and the final save included. The learning-rate schedule reads `progress`, the share of the training window done (0..1), so its
 decay ends where the budget does, on any box.
 
     budget = TimeBudget(600, "--time-budget 10m")    # the clock starts at this process's own start
@@ -69,6 +69,22 @@ def process_age() -> float:
         return 0.0
 
 
+LAUNCHED_ENV = "PICONEOX_LAUNCHED_AT"  # start_training.sh's start (Unix time): its preflight is in the budget too
+
+
+def run_age(env: Mapping[str, str] = os.environ) -> tuple[float, str]:
+    """(seconds since the run started, since what): start_training.sh's start when it launched this process (its
+    preflight and the launcher count against the budget), else this process's own start (`process_age`)."""
+    own = process_age()
+    try:
+        launched = time.time() - float(env.get(LAUNCHED_ENV, ""))
+    except ValueError:
+        launched = math.nan
+    if own <= launched <= own + 3600:  # a launcher's start is before this process's, and not hours before
+        return launched, "start_training.sh's start"
+    return own, "this process's start"
+
+
 class TimeBudget:
     """The clock of a budgeted run, on rank 0 (the other ranks keep only the agreed `progress`).
 
@@ -82,7 +98,7 @@ class TimeBudget:
     def __init__(self, seconds: float, source: str, started: float | None = None, clock=time.monotonic,
                  this_process: bool = False):
         self.seconds, self.source, self.clock = float(seconds), source, clock
-        self.started = clock() - process_age() if started is None else started
+        self.started = clock() - run_age()[0] if started is None else started
         self.this_process = self.max_steps_too = this_process
         self.spent_before = 0.0
         self.progress = 0.0
@@ -178,10 +194,11 @@ def for_run(seconds: float, grace_seconds: float, is_main: bool, log, env: Mappi
     its answer); else None. Says which in the log."""
     from utils.distributed import broadcast_object
 
+    age, since = run_age(env)
     if seconds:
-        log.info(f"time budget {describe(seconds)} (train.time_budget_s), counted from this process's start "
-                 f"({process_age():.1f} s ago): training ends in time for the final evaluation, save and sample")
-        return TimeBudget(seconds, f"--time-budget {seconds:g}")
+        log.info(f"time budget {describe(seconds)} (train.time_budget_s), counted from {since} ({age:.1f} s ago): "
+                 "training ends in time for the final evaluation, save and sample")
+        return TimeBudget(seconds, f"--time-budget {seconds:g}", started=time.monotonic() - age)
     left = broadcast_object(time_left(env) if is_main else None)
     if left is None:
         return None
@@ -189,8 +206,8 @@ def for_run(seconds: float, grace_seconds: float, is_main: bool, log, env: Mappi
     before, why = grace_seconds, f"--grace-seconds {grace_seconds:g}"
     if re.fullmatch(r"\d{1,6}", lead) and int(lead) > grace_seconds:
         before, why = float(lead), f"{SIGNAL_LEAD_ENV}={lead} (the batch script's stop signal comes then)"
-    budget = TimeBudget(process_age() + left - before, f"Slurm job {env.get('SLURM_JOB_ID')}'s time limit less "
-                        f"{before:g} s", this_process=True)
+    budget = TimeBudget(age + left - before, f"Slurm job {env.get('SLURM_JOB_ID')}'s time limit less "
+                        f"{before:g} s", started=time.monotonic() - age, this_process=True)
     log.info(f"time budget from Slurm job {env.get('SLURM_JOB_ID')}: its time limit is in {describe(left)}, less "
              f"{why}: the lr schedule's decay ends there (or at max_steps, if sooner), then the final save; "
              "--time-budget sets another")
