@@ -40,6 +40,17 @@ def lever(text: str) -> tuple[str, list[str]]:
     return name, [s for s in sets.split(",") if s]
 
 
+def check_levers(levers: list[tuple[str, list[str]]], steps: int) -> None:
+    """Every lever's settings resolved now: a typo is one line before the first lever's run, not after it."""
+    from configs.presets import resolve_config
+
+    for name, sets in levers:
+        pairs = dict(s.split("=", 1) if "=" in s else (s, "") for s in sets)
+        if bad := [k for k, v in pairs.items() if not v]:
+            raise PiconeoxError(f"--lever {name!r}: {bad[0]!r} has no value (expected KEY=VALUE)")
+        resolve_config(PRESET, overrides={**pairs, "train.time_budget_s": "0", "train.max_steps": str(steps)})
+
+
 def held_out_data(text: Path, work: Path) -> Path:
     """nanoGPT's train part of `text` (its first 90%), prepared with its own last 10% as the held-out split."""
     chars = text.read_text(encoding="utf-8")
@@ -62,7 +73,8 @@ def run_lever(name: str, sets: list[str], steps: int, data: Path, work: Path, se
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if done.returncode:
-        raise PiconeoxError(f"lever {name!r} failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PiconeoxError(f"lever {name!r} failed (exit {done.returncode}): {last}")
     rates = [int(r.replace(",", "")) for r in RATE.findall((work / "logs" / run / "training.log").read_text())]
     scores = subprocess.run([sys.executable, "benchmarks/char_val_loss.py", "piconeox",
                              str(work / "ckpt" / run / "final"), str(data)], cwd=ROOT, capture_output=True, text=True,
@@ -85,6 +97,7 @@ def main(argv=None) -> int:
         raise PiconeoxError(f"--text {args.text}: no such file (see ../shared/data/PROVENANCE.md)")
     if args.steps < 1:
         raise PiconeoxError(f"--steps {args.steps}: expected a positive number of steps")
+    check_levers(args.lever, args.steps)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = held_out_data(args.text, work)
