@@ -69,10 +69,11 @@ class TrainConfig(ConfigBase):
     """wsd only: the share of max_steps (under a time budget, of the training time) spent decaying, in (0, 1]. A
     share of max_steps that rounds to no decay step (or a warmup that takes every step) is refused in one line."""
     optimizer: str = "adamw"
-    """adamw (every parameter), or muon: torch.optim.Muon (Nesterov momentum, Newton-Schulz orthogonalised steps)
-    on the 2-D weights inside the layers (attention and MLP projections), fused AdamW (learning_rate, beta1/beta2)
-    on the embedding, the output head, biases and norms. Both decay with weight_decay; one schedule scales both
-    lrs. Not with FSDP2 (sharded parameters): the run refuses it there."""
+    """adamw (every parameter), or muon: torch.optim.Muon's math (Nesterov momentum, Newton-Schulz orthogonalised
+    steps, run once per shape: utils/muon.py) on the 2-D weights inside the layers (attention and MLP
+    projections), fused AdamW (learning_rate, beta1/beta2) on the embedding, the output head, biases and norms.
+    Both decay with weight_decay; one schedule scales both lrs. Not with FSDP2 (sharded parameters): the run
+    refuses it there."""
     muon_lr: float = 0.02
     """Muon's peak lr (optimizer muon). Each matrix's step is scaled to AdamW's update size (torch's
     adjust_lr_fn="match_rms_adamw": 0.2 sqrt(max(rows, cols))), so it reads like an AdamW lr."""
