@@ -41,7 +41,8 @@ class MuonWithAdamW(torch.optim.Optimizer):
     """Muon (`utils/muon.BatchedMuon`: torch.optim.Muon's math and state, batched by shape) on `muon_matrices`,
     fused AdamW on every other parameter, as ONE torch optimizer: one state dict (Muon's `momentum_buffer`,
     AdamW's `exp_avg`/`exp_avg_sq`/`step`, keyed by parameter), so the checkpoint's optimizer part saves and
-    resumes both, and one LambdaLR scales both lrs. AdamW's groups come first (the lr a run reports is learning_rate's), Muon's last, with `muon: True`."""
+    resumes both, and one LambdaLR scales both lrs. AdamW's groups come first (the lr a run reports is
+    learning_rate's), Muon's last, with `muon: True`."""
 
     def __init__(self, model, lr: float, weight_decay: float, betas: tuple[float, float], muon_lr: float,
                  muon_momentum: float):

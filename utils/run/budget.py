@@ -1,6 +1,6 @@
 """A run's time budget: the wall-clock seconds from the run's start (start_training.sh's, else this process's) to
-its end, start-up, evals and the final save included. The learning-rate schedule reads `progress`, the share of the training window done (0..1), so its
-decay ends where the budget does, on any box.
+its end, start-up, evals and the final save included. The learning-rate schedule reads `progress`, the share of
+the training window done (0..1), so its decay ends where the budget does, on any box.
 
     budget = TimeBudget(600, "--time-budget 10m")    # the clock starts at this process's own start
     budget.start_training(now)                       # after set-up: the window runs to the budget's end - reserve
