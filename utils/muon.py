@@ -28,16 +28,21 @@ def orthogonalise(stack: torch.Tensor, coefficients: tuple[float, float, float],
     return x.mT if tall else x
 
 
+def closure_loss(closure):
+    """torch.optim's step contract: a closure re-evaluates the model, with gradients on, and gives the loss."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class BatchedMuon(torch.optim.Muon):
     """torch.optim.Muon (Nesterov momentum, decoupled weight decay, `adjust_lr_fn`) with `orthogonalise` run once
     per group of same-shape matrices."""
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             by_shape: dict[torch.Size, list[torch.Tensor]] = {}
             for p in group["params"]:

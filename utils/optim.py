@@ -12,7 +12,7 @@ import torch
 
 from utils.errors import PiconeoxError
 from utils.lr_range import MAX_LR  # noqa: F401  (re-exported; torch-free for the preflight)
-from utils.muon import BatchedMuon
+from utils.muon import BatchedMuon, closure_loss
 
 
 STATE_BYTES_PER_PARAMETER = {"adamw": 8, "muon": 4}
@@ -74,10 +74,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         self._muon.step()
         self._adamw.step()
         return loss
