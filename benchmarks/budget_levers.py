@@ -40,15 +40,20 @@ def lever(text: str) -> tuple[str, list[str]]:
     return name, [s for s in sets.split(",") if s]
 
 
-def check_levers(levers: list[tuple[str, list[str]]], steps: int) -> None:
-    """Every lever's settings resolved now: a typo is one line before the first lever's run, not after it."""
+def step_tokens(levers: list[tuple[str, list[str]]], steps: int) -> list[int]:
+    """Every lever's settings resolved now (a typo is one line before the first lever's run, not after it); each
+    lever's tokens per optimizer step, from its resolved config."""
     from configs.presets import resolve_config
 
+    tokens = []
     for name, sets in levers:
         pairs = dict(s.split("=", 1) if "=" in s else (s, "") for s in sets)
         if bad := [k for k, v in pairs.items() if not v]:
             raise PiconeoxError(f"--lever {name!r}: {bad[0]!r} has no value (expected KEY=VALUE)")
-        resolve_config(PRESET, overrides={**pairs, "train.time_budget_s": "0", "train.max_steps": str(steps)})
+        tc = resolve_config(PRESET, overrides={**pairs, "train.time_budget_s": "0",
+                                               "train.max_steps": str(steps)}).train
+        tokens.append(tc.micro_batch_size * tc.grad_accum_steps * tc.seq_len)
+    return tokens
 
 
 def held_out_data(text: Path, work: Path) -> Path:
@@ -62,7 +67,7 @@ def held_out_data(text: Path, work: Path) -> Path:
     return work / "data" / "held-out"
 
 
-def run_lever(name: str, sets: list[str], steps: int, data: Path, work: Path, seed: int) -> str:
+def run_lever(name: str, sets: list[str], tokens: int, steps: int, data: Path, work: Path, seed: int) -> str:
     run = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "base"
     args = [sys.executable, "train.py", "--config", PRESET, "--data", str(data), "--output-dir", str(work / "ckpt"),
             "--log-dir", str(work / "logs"), "--run-name", run, "--sample-tokens", "0",
@@ -79,8 +84,6 @@ def run_lever(name: str, sets: list[str], steps: int, data: Path, work: Path, se
     scores = subprocess.run([sys.executable, "benchmarks/char_val_loss.py", "piconeox",
                              str(work / "ckpt" / run / "final"), str(data)], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.split()
-    tokens = int(next((s.split("=")[1] for s in sets if s.startswith("train.micro_batch_size=")), 12)) * \
-        int(next((s.split("=")[1] for s in sets if s.startswith("train.seq_len=")), 64))
     step_ms = f"{tokens / rates[-1] * 1e3:.1f} ms a step" if rates else "step cost not logged"
     return f"{name}: held-out {scores[-2]} (all of held-out {scores[-1]}), {steps} steps, {step_ms}, {wall:.1f} s wall"
 
@@ -97,12 +100,12 @@ def main(argv=None) -> int:
         raise PiconeoxError(f"--text {args.text}: no such file (see ../shared/data/PROVENANCE.md)")
     if args.steps < 1:
         raise PiconeoxError(f"--steps {args.steps}: expected a positive number of steps")
-    check_levers(args.lever, args.steps)
+    tokens = step_tokens(args.lever, args.steps)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = held_out_data(args.text, work)
-        for name, sets in args.lever:
-            print(run_lever(name, sets, args.steps, data, work, args.seed), flush=True)
+        for (name, sets), n in zip(args.lever, tokens):
+            print(run_lever(name, sets, n, args.steps, data, work, args.seed), flush=True)
     return 0
 
 

@@ -2,7 +2,7 @@
 its end, start-up, evals and the final save included. The learning-rate schedule reads `progress`, the share of
 the training window done (0..1), so its decay ends where the budget does, on any box.
 
-    budget = TimeBudget(600, "--time-budget 10m")    # the clock starts at this process's own start
+    budget = TimeBudget(600, "--time-budget 10m")    # the clock starts at the run's start (`run_age`)
     budget.start_training(now)                       # after set-up: the window runs to the budget's end - reserve
     p = budget.progress_at(now)                      # rank 0 reads its clock; the stop vote carries p to every rank
     budget.state_dict()                              # {"spent_s", "progress"}: a resume keeps the time already spent
